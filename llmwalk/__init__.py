@@ -1,0 +1,12 @@
+"""llmwalk: walk one prompt through a real language model, stage by stage."""
+from .embedding import apply_rope, position_embedding, rope_angles, token_embedding
+from .head import lm_head, logit_lens, softmax
+from .kv_cache import KVCache, LayerCache, kv_cache_bytes
+from .layers import attention, block_forward, causal_mask, ffn, layer_norm, linear, norm, rms_norm
+from .models import (CorruptModelFileError, HubUnreachableError, Model, ModelNotInstalledError,
+                     PickleCheckpointError, UnknownModelError, available_models, load_model)
+from .tokens import Tokenizer, gpt2_tokenizer
+from .walk import Trace, forward
+from .weights import Block, Config, Linear, Norm, Weights, count_params, to_dtype
+
+__version__ = "0.1.0"

@@ -1,0 +1,230 @@
+import math
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from llmwalk.sampling import (
+    apply_temperature,
+    greedy,
+    min_p_filter,
+    probs_after,
+    sample,
+    surgery,
+    top_k_filter,
+    top_p_filter,
+)
+
+VOCABS = [1, 2, 7, 50, 1000]
+KINDS = ["normal0.1", "normal1", "normal10", "ties", "with_-inf"]
+CASES_PER_COMBO = 12  # x 25 combos = 300 random cases per warper
+
+
+def make_logits(kind: str, batch: int, vocab: int, g: torch.Generator) -> torch.Tensor:
+    if kind.startswith("normal"):
+        return torch.randn(batch, vocab, generator=g) * float(kind[len("normal"):])
+    if kind == "ties":  # few distinct values: exact ties everywhere, including at every boundary
+        return torch.randint(-3, 3, (batch, vocab), generator=g).float()
+    x = torch.randn(batch, vocab, generator=g) * 3
+    x[torch.rand(batch, vocab, generator=g) < 0.3] = float("-inf")
+    x[:, 0] = torch.randn(batch, generator=g)  # every row keeps at least one finite logit
+    return x
+
+
+def cases(kind: str, vocab: int):
+    """Seeded random logits batches with random k / p / min_p, edge values included."""
+    g = torch.Generator().manual_seed(KINDS.index(kind) * 10_000 + vocab)
+    for i in range(CASES_PER_COMBO):
+        x = make_logits(kind, int(torch.randint(1, 5, (), generator=g)), vocab, g)
+        u = float(torch.rand((), generator=g))
+        k = [1, vocab, vocab + 5, 2, 1 + int(u * vocab)][i % 5]
+        p = [1.0, 1e-9, 0.5, 0.9, max(u, 1e-3)][i % 5]
+        min_p = [0.0, 1.0, 0.05, 0.5, u][i % 5]
+        t = [1.0, 0.7, 1.5, 0.3, 0.1 + 2 * u][i % 5]
+        yield x, k, p, min_p, t
+
+
+def assert_same(ours: torch.Tensor, theirs: torch.Tensor) -> None:
+    assert torch.equal(ours.isinf(), theirs.isinf())
+    assert torch.equal(ours[ours.isfinite()], theirs[theirs.isfinite()])
+
+
+combos = pytest.mark.parametrize("kind,vocab", [(k, v) for k in KINDS for v in VOCABS])
+
+
+@combos
+def test_filters_match_transformers_warpers(kind, vocab):
+    for x, k, p, min_p, t in cases(kind, vocab):
+        assert_same(apply_temperature(x, t), TemperatureLogitsWarper(t)(None, x))
+        assert_same(top_k_filter(x, k), TopKLogitsWarper(k)(None, x))
+        assert_same(min_p_filter(x, min_p), MinPLogitsWarper(min_p)(None, x))
+        if p < 1:
+            assert_same(top_p_filter(x, p), TopPLogitsWarper(p)(None, x))
+        else:
+            # generate() skips the warper at p == 1; the warper itself would also cut tokens whose
+            # probability underflows to exactly 0, and those are the only tokens allowed to differ.
+            assert torch.equal(top_p_filter(x, p), x)
+            theirs = TopPLogitsWarper(p)(None, x)
+            live = x.softmax(-1) > 0
+            assert torch.equal(theirs[live], x[live])
+        # A 1-D vector is filtered exactly like the same row inside a batch.
+        assert_same(top_p_filter(x[0], p), top_p_filter(x, p)[0])
+        assert_same(top_k_filter(x[0], k), top_k_filter(x, k)[0])
+
+
+@combos
+def test_probs_after_matches_generate_pipeline(kind, vocab):
+    for x, k, p, min_p, t in cases(kind, vocab):
+        warpers = LogitsProcessorList([TemperatureLogitsWarper(t), TopKLogitsWarper(k), MinPLogitsWarper(min_p)])
+        if p < 1:  # generate()'s order: temperature, top-k, top-p, min-p
+            warpers.insert(2, TopPLogitsWarper(p))
+        expected = warpers(None, x).softmax(-1)
+        assert torch.equal(probs_after(x, t, top_k=k, top_p=p, min_p=min_p), expected)
+
+
+def test_top_k_keeps_all_ties_and_top_p_splits_them():
+    x = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0])
+    assert top_k_filter(x, 2).isfinite().tolist() == [True, True, True, True, False]
+    assert top_k_filter(x, 99).isfinite().all()
+    # p == 1 keeps everything, as in generate(), even a token whose probability underflows to 0.
+    assert top_p_filter(torch.tensor([0.0, 200.0]), 1.0).isfinite().all()
+    # Each tied token has p ~ 0.24: reaching 0.5 needs 3 of the 4, and the later indices win the tie.
+    assert top_p_filter(x, 0.5).isfinite().tolist() == [False, True, True, True, False]
+
+
+def test_removed_entries_are_minus_inf():
+    x = torch.tensor([3.0, 2.0, 1.0, 0.0])
+    assert top_k_filter(x, 2).tolist() == [3.0, 2.0, float("-inf"), float("-inf")]
+
+
+def test_greedy_is_argmax():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 50, generator=g)
+    assert torch.equal(greedy(x), x.argmax(-1))
+    assert greedy(x[0]).shape == () and greedy(x).dtype == torch.int64
+
+
+def test_temperature_zero_is_greedy_and_one_hot():
+    x = torch.randn(8, 50, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(sample(x, temperature=0, top_k=3, top_p=0.5), greedy(x))
+    assert torch.equal(probs_after(x, temperature=0), torch.nn.functional.one_hot(greedy(x), 50).float())
+
+
+def test_sample_shapes_and_seeds():
+    x = torch.zeros(200, 10)  # uniform: any two seeds disagree somewhere among 200 draws
+    a = sample(x, generator=torch.Generator().manual_seed(0))
+    b = sample(x, generator=torch.Generator().manual_seed(0))
+    c = sample(x, generator=torch.Generator().manual_seed(1))
+    assert a.shape == (200,) and a.dtype == torch.int64
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert sample(x[0], generator=torch.Generator().manual_seed(0)).shape == ()
+
+
+def test_sample_frequencies_match_probs_after():
+    x = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0])
+    kw = dict(temperature=0.8, top_k=5, top_p=0.9)
+    expected = probs_after(x, **kw)
+    assert 0 < int((expected == 0).sum()) < 5  # the filters cut something, and something is left
+    n = 20_000
+    ids = sample(x.expand(n, -1), **kw, generator=torch.Generator().manual_seed(0))
+    freq = torch.bincount(ids, minlength=7) / n
+    assert (freq[expected == 0] == 0).all()
+    assert (freq - expected).abs().max() < 0.015
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        (dict(temperature=-1.0), ">= 0"),
+        (dict(temperature=math.nan), ">= 0"),
+        (dict(temperature=math.inf), ">= 0"),
+        (dict(top_p=0.0), "(0, 1]"),
+        (dict(top_p=-0.1), "(0, 1]"),
+        (dict(top_p=1.5), "(0, 1]"),
+        (dict(top_p=math.nan), "(0, 1]"),
+        (dict(top_k=0), ">= 1"),
+        (dict(top_k=-3), ">= 1"),
+        (dict(top_k=2.5), ">= 1"),
+        (dict(top_k=True), ">= 1"),
+        (dict(top_k="5"), ">= 1"),
+        (dict(min_p=-0.1), "[0, 1]"),
+        (dict(min_p=1.1), "[0, 1]"),
+    ],
+)
+def test_bad_parameters_raise(kwargs, needle):
+    (name, value), = kwargs.items()
+    with pytest.raises(ValueError) as err:
+        probs_after(torch.zeros(5), **kwargs)
+    msg = str(err.value)
+    assert name in msg and needle in msg and repr(value) in msg
+    with pytest.raises(ValueError, match=name):
+        sample(torch.zeros(5), **kwargs)
+
+
+@pytest.mark.parametrize(
+    "logits,needle",
+    [
+        (torch.tensor([0.0, math.nan]), "NaN"),
+        (torch.tensor([0.0, math.inf]), "+inf"),
+        (torch.tensor([1, 2]), "floating-point"),
+        (torch.zeros(0), "non-empty"),
+    ],
+)
+@pytest.mark.parametrize(
+    "fn",
+    [greedy, sample, probs_after, surgery, lambda x: apply_temperature(x, 1.0), lambda x: top_k_filter(x, 1),
+     lambda x: top_p_filter(x, 0.5), lambda x: min_p_filter(x, 0.1)],
+)
+def test_bad_logits_raise(fn, logits, needle):
+    with pytest.raises(ValueError, match="logits") as err:
+        fn(logits)
+    assert needle in str(err.value)
+
+
+def test_temperature_zero_rejected_where_there_is_no_distribution():
+    for call in (lambda: apply_temperature(torch.zeros(3), 0), lambda: surgery(torch.zeros(3), temperature=0)):
+        with pytest.raises(ValueError, match="greedy"):
+            call()
+
+
+NAMES = ["logits", "÷T", "softmax", "top-k", "top-p (renormalized)"]
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("top_k,top_p", [(None, None), (10, None), (None, 0.8), (5, 0.7), (1, 0.1), (100, 1.0)])
+def test_surgery(seed, top_k, top_p):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(60, generator=g) * 3
+    if seed % 4 == 0:
+        x[:5] = 1.0  # ties
+    t = 0.3 + 2 * float(torch.rand((), generator=g))
+    steps = surgery(x, temperature=t, top_k=top_k, top_p=top_p)
+
+    assert [s.name for s in steps] == NAMES
+    logits, scaled, soft, cut_k, cut_p = steps
+    assert torch.equal(logits.logits, x) and torch.equal(scaled.logits, x / t) and torch.equal(soft.logits, x / t)
+    for s in steps:
+        assert s.probs.sum().item() == pytest.approx(1, abs=1e-5)
+        assert s.kept == int(s.logits.isfinite().sum())
+        assert torch.equal(s.probs, s.logits.softmax(-1))
+        nonzero = s.probs[s.probs > 0]
+        assert s.entropy == pytest.approx(float(-(nonzero * nonzero.log()).sum()), abs=1e-5)
+
+    masses = [s.removed_mass for s in steps]
+    assert masses[:3] == [0.0, 0.0, 0.0]
+    assert masses == sorted(masses)
+    base = (x / t).softmax(-1)
+    assert masses[-1] == pytest.approx(1 - float(base[cut_p.logits.isfinite()].sum()), abs=1e-5)
+
+    k_expected = 60 if top_k is None else int((x / t >= (x / t).topk(min(top_k, 60)).values[-1]).sum())
+    assert cut_k.kept == k_expected
+    assert cut_p.kept == int(top_p_filter(cut_k.logits, top_p or 1.0).isfinite().sum())
+    # Cutting the least likely tokens and renormalizing never raises entropy.
+    assert cut_k.entropy <= soft.entropy + 1e-5 and cut_p.entropy <= cut_k.entropy + 1e-5
+    assert torch.equal(cut_p.probs, probs_after(x, t, top_k=top_k, top_p=top_p))
