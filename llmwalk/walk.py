@@ -69,12 +69,13 @@ def check_ids(ids: Sequence[int] | Tensor, vocab_size: int, context_length: int,
 
 @torch.inference_mode()
 def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None = None,
-            record: bool = True, last_only: bool = False) -> Trace:
+            record: bool = True, last_only: bool = False, head: Tensor | None = None) -> Trace:
     """Run token ids through the whole model.  # [T] -> Trace (logits [T, vocab])
 
     With a `cache`, `ids` are the new positions only: they attend to the cached ones, and the cache grows.
     record=False keeps no per-layer intermediates (for fast generation); last_only computes logits for the
-    last position only.
+    last position only. `head` replaces weights.output in the LM head: the same [vocab, d_model] numbers
+    stored in another memory order (generate.decoding_head).
     """
     config, w = model.config, model.weights
     start = cache.length if cache is not None else 0
@@ -110,6 +111,6 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     final = norm(x[-1:] if last_only else x, w.output_norm, config)
     seconds["final norm"] = time.perf_counter() - tic
     tic = time.perf_counter()
-    logits = lm_head(final, w.output)
+    logits = lm_head(final, w.output if head is None else head)
     seconds["lm head"] = time.perf_counter() - tic
     return Trace(ids, positions, tok, pos, x0, layers, final, logits, seconds)
