@@ -4,7 +4,8 @@ from .head import lm_head, logit_lens, softmax
 from .kv_cache import KVCache, LayerCache, kv_cache_bytes
 from .layers import attention, block_forward, causal_mask, ffn, layer_norm, linear, norm, rms_norm
 from .models import (CorruptModelFileError, HubUnreachableError, Model, ModelNotInstalledError,
-                     PickleCheckpointError, UnknownModelError, available_models, load_model)
+                     PickleCheckpointError, UnknownModelError, available_models, is_installed, load_model)
+from .report import Claim, claims_table, table
 from .tokens import Tokenizer, gpt2_tokenizer
 from .walk import Trace, forward
 from .weights import Block, Config, Linear, Norm, Weights, count_params, to_dtype

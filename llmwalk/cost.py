@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from torch import Tensor
 
-from .kv_cache import kv_cache_bytes
+from .kv_cache import KVCache, kv_cache_bytes
 from .walk import forward
 from .weights import Config
 
@@ -116,7 +116,9 @@ def decode_step_flops(config: Config, context: int, kv_cache: bool = True) -> di
 
 
 def generation_flops(config: Config, prompt_len: int, new_tokens: int, kv_cache: bool = True) -> int:
-    """Total FLOPs to generate `new_tokens` after a prompt: one pass per new token (the last one needs no pass after it)."""
+    """Total FLOPs to generate `new_tokens` after a prompt: one pass per new token (the last needs none after it)."""
+    if new_tokens < 1:
+        return 0
     if kv_cache:
         prefill = sum(flops_by_stage(config, prompt_len, last_only=True).values())
         return prefill + sum(sum(decode_step_flops(config, prompt_len + k).values()) for k in range(1, new_tokens))
@@ -125,21 +127,24 @@ def generation_flops(config: Config, prompt_len: int, new_tokens: int, kv_cache:
 
 def article_estimate(config: Config, prompt_len: int = 9, new_tokens: int = 50) -> dict[str, int]:
     """The article's rule (one forward ≈ 3 × parameters, an answer ≈ N × that) next to the real counts."""
-    matrices = config.n_layer * sum(i * o for i, o in block_matrices(config).values()) + config.vocab_size * config.d_model
+    layers = config.n_layer * sum(i * o for i, o in block_matrices(config).values())
     return {"params": n_params(config),
             "article_flops_per_token": 3 * n_params(config),
-            "two_x_matmul_params": 2 * matrices,                     # each weight of a matrix: one multiply-add per token
-            "flops_per_token": sum(decode_step_flops(config, prompt_len).values()),
+            # a token meets every matrix weight (layers and head) in one multiply-add
+            "two_x_matmul_params": 2 * (layers + config.vocab_size * config.d_model),
+            "flops_per_token": sum(decode_step_flops(config, prompt_len).values()),   # cached, at context P
             "article_flops_answer": new_tokens * 3 * n_params(config),
             "flops_answer_kv_cache": generation_flops(config, prompt_len, new_tokens, kv_cache=True),
             "flops_answer_no_cache": generation_flops(config, prompt_len, new_tokens, kv_cache=False)}
 
 
-def measured_flops(model: "Model", ids: Sequence[int] | Tensor, cache=None, last_only: bool = False) -> int:
+def measured_flops(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None = None,
+                   last_only: bool = False) -> int:
     """FLOPs torch counts while llmwalk's `forward` runs (torch.utils.flop_counter.FlopCounterMode).
 
     FlopCounterMode counts matrix products only (mm, bmm, addmm, ...: 2 per multiply-add); norms, softmax,
-    activations and additions are not counted. Compare it with `matmul_flops(flops_by_stage(...))`.
+    activations and additions are not counted. Compare it with `matmul_flops(flops_by_stage(...))`. It does
+    not know torch's int8 kernel either: measure fp32 (or bf16) models.
     """
     from torch.utils.flop_counter import FlopCounterMode
     with FlopCounterMode(display=False) as counter:

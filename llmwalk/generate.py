@@ -47,7 +47,7 @@ class Generation:
 
     prompt_ids: list[int]
     new_ids: list[int]                      # the EOS token, when generation stopped there, included
-    text: str                               # the new tokens decoded, EOS excluded
+    text: str                               # the new tokens decoded, without the EOS that stopped them
     steps: list[Step]
     stopped: str                            # "eos" | "max_new_tokens"
     cache: KVCache | None = field(default=None, repr=False, compare=False)  # kv_cache=True: keys/values kept
@@ -70,7 +70,7 @@ class Generation:
 
 
 def decoding_head(model: "Model") -> Tensor:
-    """weights.output with the same shape and numbers, stored column by column: a faster LM head for decoding.  # [vocab, d_model]
+    """weights.output, same shape and numbers, stored column by column: a faster LM head.  # [vocab, d_model]
 
     Every new token multiplies one hidden vector by the whole head (49152 x 576 numbers for SmolLM2), a
     matrix-vector product limited by how fast memory is read. CPU BLAS runs x @ W faster when W is a row-major
@@ -141,6 +141,9 @@ def _start(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens:
     if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
         raise ValueError(f"top_n must be an int >= 0, got {top_n!r}")
     probs_after(torch.zeros(1), temperature, top_k, top_p, min_p)   # raises sampling's ValueError if one is bad
+    if head is not None and head.shape != model.weights.output.shape:
+        raise ValueError(f"head has shape {tuple(head.shape)}, expected {tuple(model.weights.output.shape)}: "
+                         "make it with decoding_head(model) for this model")
     if seed is not None and generator is not None:
         raise ValueError("pass seed= or generator=, not both")
     if seed is not None:
@@ -164,9 +167,6 @@ def _start(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens:
                          f"than {config.name}'s context length of {config.context_length}: {fix}")
     cache = KVCache.empty(config, total) if kv_cache else None
     eos_ids = (frozenset(config.eos_token_ids) | frozenset(tokenizer.eos_token_ids)) if stop_at_eos else frozenset()
-    if head is not None and head.shape != model.weights.output.shape:
-        raise ValueError(f"head has shape {tuple(head.shape)}, expected {tuple(model.weights.output.shape)}: "
-                         "make it with decoding_head(model) for this model")
     return _Loop(model, ids, max_new_tokens, temperature, top_k, top_p, min_p, generator, cache, eos_ids, top_n,
                  head)
 

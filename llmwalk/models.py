@@ -116,6 +116,15 @@ def available_models() -> dict[str, str]:
     return out
 
 
+def is_installed(name: str) -> bool:
+    """Whether a registered offline model's package is installed (e.g. the optional 'gemma3-270m')."""
+    try:
+        importlib.metadata.distribution(REGISTRY[name].dist)
+        return True
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
 def load_model(name_or_path: str | os.PathLike = DEFAULT_MODEL, progress: bool = True) -> Model:
     """Load a model by registered name ('smollm2-135m', 'gemma3-270m', 'gpt2', ...), GGUF file or HF directory."""
     key = str(name_or_path)

@@ -10,7 +10,10 @@ computes `x @ w.weight`, and `QuantizedTensor.__rmatmul__` answers that product.
 """
 from __future__ import annotations
 
+import statistics
+import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -38,7 +41,7 @@ class QuantizedTensor:
 
     codes: Tensor               # int8 [d_in, d_out], or uint8 [d_in / 2, d_out] for 4 bits
     scales: Tensor              # float32 [n_groups, d_out]: one per output column and group of d_in rows
-    zeros: Tensor | None = None  # int8 [n_groups, d_out]: the code that stands for 0.0 (asymmetric only)
+    zeros: Tensor | None = None  # float32 [n_groups, d_out]: the (fractional) code of 0.0, asymmetric only
 
     @property
     def bits(self) -> int:
@@ -92,10 +95,10 @@ def quantize_tensor(w: Tensor, bits: int = 8, group_size: int | None = None,
                     symmetric: bool = True) -> QuantizedTensor:
     """Round a matrix to `bits`-bit integer codes, one scale per output column and group of d_in rows.
 
-    Symmetric: scale = max|w| / (2^(b-1) − 1), codes in ±(2^(b-1) − 1), zero = 0.
-    Asymmetric: the range [min, max] (stretched to hold 0, so that 0.0 is a code) is cut into 2^b − 1 steps;
-    zero is the code of 0.0. Either way every weight is within half a step (scale/2) of its code.
-    # [d_in, d_out] -> QuantizedTensor
+    Symmetric: scale = max|w| / (2^(b-1) − 1), codes in ±(2^(b-1) − 1), no zero point.
+    Asymmetric: [min, max] is cut into 2^b − 1 steps; the zero point is a float (as GGUF's Q4_1 minimum and
+    torch's int4 kernel have it), so min and max land exactly on the lowest and highest code.
+    Either way every weight is within half a step (scale/2) of its value.  # [d_in, d_out] -> QuantizedTensor
     """
     if bits not in (4, 8):
         raise ValueError(f"bits must be 8 or 4, not {bits}")
@@ -103,23 +106,17 @@ def quantize_tensor(w: Tensor, bits: int = 8, group_size: int | None = None,
     g = group_size or d_in
     if d_in % g or (bits == 4 and g % 2):
         raise ValueError(f"group_size {g} must divide d_in={d_in} (and be even for 4 bits)")
-    groups = w.detach().float().T.reshape(d_out, d_in // g, g)         # [d_out, n_groups, g]
+    groups = w.detach().float().T.contiguous().view(d_out, d_in // g, g)   # [d_out, n_groups, g], rows contiguous
     top = 2 ** (bits - 1) - 1
     if symmetric:
-        lo, scale, zero = -top, groups.abs().amax(-1) / top, None
+        low, scale = -top, groups.abs().amax(-1) / top                 # code 0 is 0.0; -2^(b-1) stays unused
     else:
-        lo = -top - 1
-        low, high = groups.amin(-1).clamp(max=0), groups.amax(-1).clamp(min=0)
-        scale = (high - low) / (2 ** bits - 1)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))     # an all-zero group: any scale will do
-    if not symmetric:
-        zero = (lo - low / scale).round()
-    codes = (groups / scale[..., None]).round()
-    if zero is not None:
-        codes = codes + zero[..., None]
-    rows = codes.clamp(lo, top).reshape(d_out, d_in).to(torch.int8)
-    rows = rows if bits == 8 else _pack4(rows)
-    return QuantizedTensor(rows.T, scale.T, None if zero is None else zero.to(torch.int8).T)
+        low, scale = -top - 1, (groups.amax(-1) - groups.amin(-1)) / (2 ** bits - 1)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))     # a constant group: any scale will do
+    zero = None if symmetric else low - groups.amin(-1) / scale        # puts min on code `low`
+    shifted = groups / scale[..., None] + (0 if zero is None else zero[..., None])
+    rows = shifted.round().clamp(low, top).reshape(d_out, d_in).to(torch.int8)
+    return QuantizedTensor((rows if bits == 8 else _pack4(rows)).T, scale.T, None if zero is None else zero.T)
 
 
 def dequantize_tensor(q: QuantizedTensor) -> Tensor:
@@ -136,8 +133,8 @@ def int8_matmul(x: Tensor, q: QuantizedTensor) -> Tensor:
     """x @ w with torch's weight-only int8 kernel, in bfloat16.  # [T, d_in] -> [T, d_out]
 
     The kernel reads int8 codes [d_out, d_in] and one scale per output. On CPU it is fast only with bf16
-    activations (about 2.4x faster than fp32 x @ W on SmolLM2's matrices; with fp32 activations it is ~3x
-    slower than fp32): see `bench_linear_kernels`.
+    activations: on an AVX-512 machine about 2x faster than fp32 x @ W over SmolLM2's layer matrices and 4x
+    on its LM head, while with fp32 activations it is 3x slower than fp32. See `bench_linear_kernels`.
     """
     out = torch.ops.aten._weight_int8pack_mm(x.bfloat16().contiguous(), q.codes.T.contiguous(), q.scales[0].bfloat16())
     return out.to(x.dtype)
@@ -175,7 +172,7 @@ class Int8Activations:
 
 
 def fake_quantize(x: Tensor, bits: int = 8) -> Tensor:
-    """Round a tensor to integers with one scale from its max |value|, and back.  # [...] -> [...]"""
+    """Round a whole tensor to integers with one scale from its max |value| (per tensor), and back.  # [...] -> [...]"""
     return dequantize_tensor(quantize_tensor(x.reshape(-1, 1), bits)).view_as(x)
 
 
@@ -198,7 +195,7 @@ def quantize_model(model: "Model", bits: int = 8, group_size: int | None = None,
                    embeddings: bool = False) -> "Model":
     """The same model with the matrices of every layer quantized; runs through the same `forward`.
 
-    The token table / LM head stays fp32 unless embeddings=True: it is a quarter of SmolLM2's weights and
+    The token table / LM head stays fp32 unless embeddings=True: it is a fifth of SmolLM2's weights, and
     every logit goes through it. Int8 per-channel symmetric weights use torch's int8 kernel; other formats
     are dequantized on the fly inside each product (slower than fp32: a format for accuracy studies).
     """
@@ -240,7 +237,8 @@ def quantize_activations(model: "Model") -> "Model":
 
 
 def dynamic_int8_logits(model: "Model", ids: Sequence[int] | Tensor) -> Tensor:
-    """Logits with int8 weights (per channel) and int8 activations (per tensor, scale from max |x|).  # [T] -> [T, vocab]"""
+    """Logits with int8 weights (per channel) and int8 inputs to every layer matrix (per tensor, scale from
+    max |x|), as torch's quantize_dynamic computes.  # [T] -> [T, vocab]"""
     return forward(quantize_activations(quantize_model(model, 8)), ids, record=False).logits
 
 
@@ -328,3 +326,87 @@ def activation_outliers(trace: Trace) -> list[dict]:
                          "ratio": float(peak / median), "channel": int(a.amax(0).argmax()),
                          "position": int(a.amax(1).argmax())})
     return rows
+
+
+# ---------------------------------------------------------------- speed
+
+def _fp32(w: Tensor) -> Callable[[Tensor], Tensor]:
+    return lambda x: x @ w
+
+
+def _bf16(w: Tensor) -> Callable[[Tensor], Tensor]:
+    wb = w.bfloat16()
+    return lambda x: (x.bfloat16() @ wb).float()
+
+
+def _dequantized(w: Tensor, **fmt) -> Callable[[Tensor], Tensor]:
+    q = quantize_tensor(w, **fmt)
+    return lambda x: x @ dequantize_tensor(q)
+
+
+def _as_in_model(w: Tensor, **fmt) -> Callable[[Tensor], Tensor]:
+    q = quantize_tensor(w, **fmt)
+    return lambda x: x @ q
+
+
+def _int8_kernel_fp32(w: Tensor) -> Callable[[Tensor], Tensor]:
+    q = quantize_tensor(w, 8)
+    codes, scales = q.codes.T.contiguous(), q.scales[0]
+    return lambda x: torch.ops.aten._weight_int8pack_mm(x, codes, scales)
+
+
+def _int4_kernel_bf16(w: Tensor) -> Callable[[Tensor], Tensor]:
+    # torch's int4 kernel wants unsigned codes repacked into its own tiled layout and computes (u − 8)·s + z.
+    q = quantize_tensor(w, 4, 32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(_code_rows(q).int() + 8, 1)
+    scale_zero = torch.stack([q.scales, torch.zeros_like(q.scales)], dim=-1).bfloat16()   # [n_groups, d_out, 2]
+    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed, 32, scale_zero).float()
+
+
+KERNELS: dict[str, Callable[[Tensor], Callable[[Tensor], Tensor]]] = {
+    "fp32 x @ W": _fp32,
+    "bf16 x @ W": _bf16,
+    "int8 dequantize, then fp32 x @ W": partial(_dequantized, bits=8),
+    "int8 _weight_int8pack_mm, fp32 x": _int8_kernel_fp32,
+    "int8 _weight_int8pack_mm, bf16 x (quantize_model's path)": partial(_as_in_model, bits=8),
+    "int4 g32 dequantize (quantize_model's path)": partial(_as_in_model, bits=4, group_size=32),
+    "int4 g32 _weight_int4pack_mm_for_cpu, bf16 x": _int4_kernel_bf16,
+}
+
+
+def bench_linear_kernels(model: "Model", rounds: int = 5, repeats: int = 3) -> list[dict]:
+    """Time one decode step's matrix-vector products (x: [1, d_in]) per kernel, on an fp32 model's real matrices.
+
+    Each workload runs through the matrices of all layers in turn, as decoding does, so that the weights come
+    from memory rather than cache. Kernels are interleaved round by round; the median round is reported.
+    Returns rows {workload, kernel, microseconds, speedup_vs_fp32}.
+    """
+    per_name = {n: [getattr(b, n).weight for b in model.weights.blocks]
+                for n in LINEARS if getattr(model.weights.blocks[0], n) is not None}
+    workloads = {f"{n} x{len(ws)}": ws for n, ws in per_name.items()}
+    workloads["all layer matrices (one decode step)"] = [w for ws in per_name.values() for w in ws]
+    workloads["lm_head"] = [model.weights.output.T]
+    matrices = {id(w): w for ws in workloads.values() for w in ws}
+    prepared = {k: {i: make(w) for i, w in matrices.items()} for k, make in KERNELS.items()}
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for workload, ws in workloads.items():
+        xs = [torch.randn(1, w.shape[0], generator=gen) for w in ws]
+        times: dict[str, list[float]] = {k: [] for k in KERNELS}
+        for _ in range(rounds):
+            for k in KERNELS:
+                times[k].append(_seconds([prepared[k][id(w)] for w in ws], xs, repeats))
+        median = {k: statistics.median(t) for k, t in times.items()}
+        rows += [{"workload": workload, "kernel": k, "microseconds": t * 1e6,
+                  "speedup_vs_fp32": median["fp32 x @ W"] / t} for k, t in median.items()]
+    return rows
+
+
+def _seconds(fns: list[Callable[[Tensor], Tensor]], xs: list[Tensor], repeats: int) -> float:
+    """Seconds per pass through all the matrices."""
+    fns[0](xs[0])                                           # warm-up: first-call allocations
+    tic = time.perf_counter()
+    for _ in range(repeats):
+        for f, x in zip(fns, xs):
+            f(x)
+    return (time.perf_counter() - tic) / repeats

@@ -2,7 +2,17 @@
 from __future__ import annotations
 
 import html
+import unicodedata
 from dataclasses import dataclass
+
+
+def _width(s: str) -> int:
+    """Columns a string takes in a terminal: CJK characters take two."""
+    return sum(2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in s)
+
+
+def _pad(s: str, width: int) -> str:
+    return s + " " * (width - _width(s))
 
 
 def _cell(value) -> str:
@@ -21,8 +31,8 @@ class Table:
 
     def __repr__(self) -> str:
         cells = [list(self.header)] + [list(r) for r in self.rows]
-        widths = [max(len(line) for row in cells for line in row[i].splitlines() or [""]) for i in range(len(self.header))]
-        fmt = lambda row: " | ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip()   # noqa: E731
+        widths = [max(_width(c) for row in cells for c in [row[i]]) for i in range(len(self.header))]
+        fmt = lambda row: " | ".join(_pad(c, w) for c, w in zip(row, widths)).rstrip()   # noqa: E731
         lines = ([self.title] if self.title else []) + [fmt(cells[0]), "-+-".join("-" * w for w in widths)]
         return "\n".join(lines + [fmt(r) for r in cells[1:]])
 

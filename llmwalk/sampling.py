@@ -49,7 +49,11 @@ def _check(
 def apply_temperature(logits: Tensor, t: float) -> Tensor:
     """Sharpen (t < 1) or flatten (t > 1) the distribution.  # [..., vocab] -> [..., vocab]"""
     _check(logits, temperature=t, greedy_ok=False)
-    return logits / t
+    scaled = logits / t
+    if torch.isinf(scaled[torch.isfinite(logits)]).any():   # e.g. t = 1e-300: the division overflows
+        raise ValueError(f"temperature {t} is too small for these logits (they overflow to infinity); "
+                         "use temperature=0 for greedy decoding")
+    return scaled
 
 
 def top_k_filter(logits: Tensor, k: int) -> Tensor:

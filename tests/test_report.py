@@ -11,3 +11,8 @@ def test_claims_table_escapes_html():
     t = claims_table([Claim("二", "<9 tokens>", "6", "✗ differs")])
     assert "&lt;9 tokens&gt;" in t._repr_html_()
     assert t.header == ("§", "the article says", "we measured", "verdict")
+
+
+def test_table_pads_chinese_by_display_width():
+    lines = repr(table([("第1轮", "巴"), ("round 10", "x")], ("round", "token"))).splitlines()
+    assert lines[2] == "第1轮    | 巴" and lines[3] == "round 10 | x"

@@ -228,3 +228,8 @@ def test_surgery(seed, top_k, top_p):
     # Cutting the least likely tokens and renormalizing never raises entropy.
     assert cut_k.entropy <= soft.entropy + 1e-5 and cut_p.entropy <= cut_k.entropy + 1e-5
     assert torch.equal(cut_p.probs, probs_after(x, t, top_k=top_k, top_p=top_p))
+
+
+def test_tiny_temperature_that_overflows_names_greedy():
+    with pytest.raises(ValueError, match="temperature=0"):
+        sample(torch.tensor([1.0, 2.0, 3.0]), temperature=1e-300, generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,105 @@
+"""Sections 八 and 九: where the time and the FLOPs go, memory by number format, and the three optimizations."""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+from torch import Tensor
+
+from ._draw import CHIP_COLORS, KEPT, Chip, chip_figure, new_figure, si, token_bars
+
+
+def _bars(values: dict[str, float], unit: str, title: str) -> Figure:
+    """Horizontal bars, one per key, values written with a k/M/G suffix and `unit`."""
+    fig = new_figure(7, 1 + 0.32 * len(values))
+    ax = fig.subplots()
+    token_bars(ax, list(values), list(values.values()), KEPT, fmt=lambda v: si(v) + unit)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
+    ax.set(xlabel=unit.strip(), title=title)
+    return fig
+
+
+def flops_bars(stages: dict[str, int], title: str = "FLOPs by stage") -> Figure:
+    """FLOPs of each stage (e.g. cost.flops_by_stage), with the total in the title."""
+    return _bars(stages, " FLOPs", f"{title}: {si(sum(stages.values()))} FLOPs in all")
+
+
+def memory_bars(sizes: dict[str, int], title: str = "memory") -> Figure:
+    """Bytes per number format or part (e.g. {dtype: cost.weight_bytes(config, dtype)})."""
+    return _bars(sizes, "B", title)
+
+
+def time_per_token(context_lens: Sequence[int], series: dict[str, Sequence[float]]) -> Figure:
+    """Seconds per generated token against context length, one line per setting (e.g. with / without KV cache)."""
+    fig = new_figure(7, 3.8)
+    ax = fig.subplots()
+    for name, seconds in series.items():
+        ax.plot(context_lens, 1000 * np.asarray(seconds, dtype=float), marker=".", label=name)
+    ax.set(xlabel="context length (tokens)", ylabel="ms per token", title="time per new token", ylim=(0, None))
+    ax.legend()
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def error_histogram(errors: Tensor | dict[str, Tensor], bins: int = 100) -> Figure:
+    """Histogram of quantization errors (quantized − original), one colour per format, log counts."""
+    errors = errors if isinstance(errors, dict) else {"error": errors}
+    fig = new_figure(7, 3.8)
+    ax = fig.subplots()
+    lim = max(float(e.abs().max()) for e in errors.values()) or 1.0
+    for name, e in errors.items():
+        e = e.detach().float().flatten()
+        ax.hist(e.numpy(), bins=np.linspace(-lim, lim, bins + 1), histtype="stepfilled", alpha=0.5, log=True,
+                label=f"{name}: mean |e| {e.abs().mean():.2g}, max {e.abs().max():.2g}")
+    ax.set(xlabel="error", ylabel="count", title="quantization error")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def _field(obj, name: str):
+    return obj[name] if isinstance(obj, dict) else getattr(obj, name)
+
+
+def speculative_timeline(rounds) -> Figure:
+    """Speculative decoding round by round: drafted tokens accepted ✓ or rejected ✗, then the big model's token.
+
+    Each round has `proposed` (token texts), `accepted` (how many of them the big model kept) and `extra`
+    (the token the big model adds: a bonus when all were accepted, a resample otherwise); dicts or objects.
+    """
+    rows = []
+    for n, r in enumerate(rounds, 1):
+        proposed, accepted, extra = _field(r, "proposed"), _field(r, "accepted"), _field(r, "extra")
+        chips = [Chip(t, "✓" if k < accepted else "✗", CHIP_COLORS[2] if k < accepted else "#eeeeee",
+                      "none" if k < accepted else "#e45756") for k, t in enumerate(proposed)]
+        chips += [Chip("→", color=None),
+                  Chip(extra, "bonus" if accepted == len(proposed) else "resampled", CHIP_COLORS[1])]
+        rows.append((f"round {n}\n+{accepted + 1} tokens", chips))
+    return chip_figure(rows, width=None)
+
+
+def stage_timeline(seconds: dict[str, float], title: str = "one pass, stage by stage") -> Figure:
+    """Where the time goes: one bar per stage, placed where it starts (consecutive 'layer i' share a row)."""
+    rows: list[tuple[str, list[tuple[float, float]]]] = []
+    start = 0.0
+    for name, s in seconds.items():
+        row = "layers" if re.fullmatch(r"layer \d+", name) else name
+        if rows and rows[-1][0] == row:
+            rows[-1][1].append((start, s))
+        else:
+            rows.append((row, [(start, s)]))
+        start += s
+    fig = new_figure(9, 1.1 + 0.38 * len(rows))
+    ax = fig.subplots()
+    for y, (row, spans) in enumerate(rows):
+        ms = [(1000 * a, 1000 * b) for a, b in spans]
+        ax.broken_barh(ms, (y - 0.35, 0.7), facecolors=(KEPT, "#72b7b2"))   # alternate: layer by layer
+        total = sum(b for _, b in ms)
+        ax.text(ms[-1][0] + ms[-1][1], y, f" {total:.2f} ms", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [f"{len(s)} {r}" if len(s) > 1 else r for r, s in rows])
+    ax.invert_yaxis()
+    ax.set(xlabel="milliseconds", title=f"{title}: {1000 * start:.1f} ms in all", xlim=(0, 1000 * start * 1.15 or 1))
+    ax.spines[["top", "right"]].set_visible(False)
+    return fig

@@ -1,0 +1,72 @@
+"""Section 四, inside a layer: the residual stream grows, the norm pulls it back, the FFN widens and narrows."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import FancyBboxPatch
+
+from ..weights import Config
+from ._draw import CHIP_COLORS, labels, new_figure
+
+
+def residual_norms(trace, tokenizer) -> Figure:
+    """Length of each token's residual-stream vector after every layer (log scale), one line per position."""
+    norms = trace.resid.float().norm(dim=-1).numpy()                 # [n_layer + 1, T]
+    fig = new_figure(9, 4)
+    ax = fig.subplots()
+    for name, column in zip(labels(tokenizer, trace.ids), norms.T):
+        ax.plot(column, marker=".", label=name)
+    ax.set(yscale="log", xlabel="layer (0 = embedding)", ylabel="‖x‖", title="residual stream norm, layer by layer")
+    ax.legend(fontsize=8, ncols=max(1, len(norms.T) // 16 + 1), loc="center left", bbox_to_anchor=(1, 0.5))
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def norm_stats(trace) -> Figure:
+    """What the attention norm does: mean and std of each vector entering it and leaving it, per layer."""
+    before = trace.resid[:-1].float()                                 # [n_layer, T, d]: what enters attn_norm
+    after = torch.stack([b.attn_in for b in trace.layers]).float()     # what leaves it
+    fig = new_figure(10, 3.8)
+    axes = fig.subplots(1, 2)
+    for ax, stat in zip(axes, ("std", "mean")):
+        for x, name, color in ((before, "entering the norm (residual)", "#e45756"),
+                               (after, "after the norm", "#4c78a8")):
+            per_token = getattr(x, stat)(dim=-1)                       # [n_layer, T]: over the d dimensions
+            layers = np.arange(len(per_token))
+            ax.plot(layers, per_token.median(1).values.numpy(), marker=".", color=color, label=name)
+            ax.fill_between(layers, per_token.amin(1).numpy(), per_token.amax(1).numpy(), color=color, alpha=0.15)
+        ax.set(xlabel="layer", title=f"{stat} of each token's vector")
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"the attention norm, layer by layer (d = {trace.x0.shape[-1]}; line: median token, band: min–max)",
+                 fontsize=10)
+    return fig
+
+
+def ffn_widths(*configs: Config) -> Figure:
+    """The FFN of each model drawn to scale: d_model → d_ff → d_model (gated FFNs have two d_ff projections)."""
+    widest = max(c.d_ff for c in configs)
+    fig = Figure(figsize=(4.2 * len(configs), 3.2))
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set(xlim=(0, len(configs)), ylim=(0, 3.2))
+    ax.axis("off")
+    for n, c in enumerate(configs):
+        centre = n + 0.5
+        gated = c.ffn != "gelu"
+        hidden = f"{c.d_ff}" + ("  act(gate) ⊙ up" if gated else "  gelu(up)")
+        params = (3 if gated else 2) * c.d_model * c.d_ff
+        for y, dim, text, color, two in ((2.2, c.d_model, f"{c.d_model}  in", CHIP_COLORS[1], False),
+                                         (1.2, c.d_ff, hidden, CHIP_COLORS[0], gated),
+                                         (0.2, c.d_model, f"{c.d_model}  out", CHIP_COLORS[1], False)):
+            w = 0.9 * dim / widest
+            for dx, fc in ((0.02, CHIP_COLORS[3]), (0, color)) if two else ((0, color),):   # gate behind up
+                ax.add_patch(FancyBboxPatch((centre - w / 2 + dx, y + 3 * dx), w, 0.42, boxstyle="round,pad=0.01",
+                                            fc=fc, ec="#888"))
+            ax.text(centre, y + 0.21, text, ha="center", va="center", fontsize=9)
+        for y in (2.2, 1.2):
+            ax.annotate("", (centre, y - 0.36), (centre, y - 0.02), arrowprops=dict(arrowstyle="->", color="#555"))
+        ax.text(centre, 2.85, f"{c.name} ({c.ffn})\n{params / 1e6:.2f} M parameters per FFN", ha="center", va="center",
+                fontsize=10)
+    return fig

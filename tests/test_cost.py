@@ -1,0 +1,122 @@
+"""Section 八: parameter counts, FLOPs and memory, checked against reality and against hand arithmetic."""
+import dataclasses
+
+import pytest
+
+import llmwalk as lw
+from llmwalk.cost import (article_estimate, decode_step_flops, embedding_lookups, flops_by_stage,
+                          generation_flops, gpt2_config, llama7b_config, matmul_flops, measured_flops,
+                          memory_bytes, n_params, weight_bytes)
+
+# A GPT-2-shaped toy: 2 layers, d_model 4, 2 heads of 2, d_ff 8, vocab 10, 6 positions.
+TINY = dataclasses.replace(gpt2_config(), name="tiny", n_layer=2, d_model=4, n_head=2, n_kv_head=2, d_head=2,
+                           d_ff=8, vocab_size=10, context_length=6)
+
+
+@pytest.mark.parametrize("size, expected", [("small", 124_439_808), ("medium", 354_823_168),
+                                            ("large", 774_030_080), ("xl", 1_557_611_200)])
+def test_gpt2_parameter_counts_match_the_released_checkpoints(size, expected):
+    assert n_params(gpt2_config(size)) == expected
+
+
+def test_llama7b_parameter_count():
+    assert n_params(llama7b_config()) == 6_738_415_616
+
+
+def test_smollm2_parameter_count_from_config_equals_its_weights(smollm2):
+    assert n_params(smollm2.config) == smollm2.config.n_params == 134_515_008
+
+
+def test_tiny_counts_by_hand():
+    # table 10·4 + positions 6·4 + 2 layers × (q,k,v,o 4·4 each + up 4·8 + down 8·4 + biases 4+4+4+4+8+4
+    # + two LayerNorms 2·4 each) + final LayerNorm 2·4
+    assert n_params(TINY) == 40 + 24 + 2 * (4 * 16 + 2 * 32 + 28 + 16) + 8 == 416
+    # prefill of T=3: each matrix 2·L·T·d_in·d_out; scores and mixing 2·L·heads·d_head·T·S with S=T;
+    # LayerNorm ≈ 8 FLOPs per element on 2·L·T + T vectors of 4; head 2·T·d·vocab
+    assert flops_by_stage(TINY, 3) == {
+        "embedding": 0, "attn_q": 2 * 2 * 3 * 4 * 4, "attn_k": 192, "attn_v": 192, "attn_output": 192,
+        "ffn_up": 2 * 2 * 3 * 4 * 8, "ffn_down": 384, "attn_scores": 2 * 2 * 2 * 2 * 3 * 3, "attn_mix": 144,
+        "norms": 8 * (2 * 2 * 3 * 4 + 3 * 4), "lm_head": 2 * 3 * 4 * 10}
+    assert embedding_lookups(TINY, 3) == 6          # token row + learned position row per token
+
+
+def test_tiny_decode_step_with_and_without_cache_by_hand():
+    # context 5 with a cache: one position runs, its query sees 5 keys, head on one position
+    with_cache = decode_step_flops(TINY, 5)
+    assert with_cache["attn_q"] == 2 * 2 * 1 * 4 * 4
+    assert with_cache["attn_scores"] == 2 * 2 * 2 * 2 * 1 * 5
+    assert with_cache["lm_head"] == 2 * 1 * 4 * 10
+    # without: all 5 positions again (5 × the matrices, 5×5 scores), head still on the last one only
+    without = decode_step_flops(TINY, 5, kv_cache=False)
+    assert without["attn_q"] == 5 * with_cache["attn_q"]
+    assert without["attn_scores"] == 2 * 2 * 2 * 2 * 5 * 5
+    assert without["lm_head"] == with_cache["lm_head"]
+    # a 2-token prompt and 2 new tokens: prefill (head on the last position) + one step at context 3
+    prefill = matmul_flops(flops_by_stage(TINY, 2, last_only=True)) + 8 * (2 * 2 * 2 * 4 + 4)
+    assert generation_flops(TINY, 2, 2) == prefill + sum(decode_step_flops(TINY, 3).values())
+
+
+def test_grouped_query_attention_shrinks_k_and_v_only():
+    gqa = dataclasses.replace(TINY, family="llama", n_kv_head=1, ffn="swiglu", norm="rmsnorm")
+    f = flops_by_stage(gqa, 3)
+    assert f["attn_k"] == f["attn_v"] == 2 * 2 * 3 * 4 * 2      # 4 -> 1 head of 2
+    assert f["attn_q"] == f["attn_output"] == 2 * 2 * 3 * 4 * 4
+    assert f["ffn_gate"] == f["ffn_up"] == f["ffn_down"] == 2 * 2 * 3 * 4 * 8
+
+
+@pytest.mark.parametrize("t", [1, 9, 33])
+def test_analytic_flops_match_flop_counter_mode(smollm2, t):
+    ids = smollm2.tokenizer.encode("The capital of France is Paris. " * 8)[:t]
+    measured = measured_flops(smollm2, ids)
+    stages = flops_by_stage(smollm2.config, t)
+    assert matmul_flops(stages) == pytest.approx(measured, rel=1e-3)   # like with like: matrix products
+    assert sum(stages.values()) == pytest.approx(measured, rel=0.05)   # norms (approximate) are tiny
+
+
+def test_analytic_decode_step_matches_flop_counter_mode(smollm2):
+    cache = lw.KVCache.empty(smollm2.config, 32)
+    lw.forward(smollm2, list(range(100, 120)), cache=cache, record=False)
+    measured = measured_flops(smollm2, [42], cache=cache, last_only=True)
+    assert matmul_flops(decode_step_flops(smollm2.config, 21)) == pytest.approx(measured, rel=1e-3)
+
+
+def test_the_articles_gpt2_numbers():
+    est = article_estimate(gpt2_config(), prompt_len=9, new_tokens=50)
+    assert est["article_flops_per_token"] == 373_319_424                 # "≈ 3.6亿": 3 × 124.4M
+    assert est["article_flops_answer"] == 18_665_971_200                 # "≈ 180亿": 50 × that
+    # In reality a token costs one multiply-add (2 FLOPs) per weight of every matrix it meets: 12 layers of
+    # q, k, v, o (768×768) and up, down (768×3072), then the 768×50257 head; i.e. ≈ 2 × parameters.
+    assert est["two_x_matmul_params"] == 2 * (12 * (4 * 768 ** 2 + 2 * 768 * 3072) + 768 * 50257)
+    assert est["flops_per_token"] / est["params"] == pytest.approx(1.99, abs=0.01)
+    # With a KV cache the answer costs ~26% less than the article's rule; without one, 21x more.
+    assert est["flops_answer_kv_cache"] / est["article_flops_answer"] == pytest.approx(0.74, abs=0.01)
+    assert est["flops_answer_no_cache"] / est["flops_answer_kv_cache"] == pytest.approx(21.1, abs=0.1)
+
+
+def test_llama7b_against_gpt2():
+    llama, gpt2 = article_estimate(llama7b_config()), article_estimate(gpt2_config())
+    # The article's 56x is 6.7e9 / 1.2e8 with both counts rounded; exact counts give 54x, FLOPs 53x.
+    assert round(6.7e9 / 1.2e8) == 56
+    assert llama["params"] / gpt2["params"] == pytest.approx(54.15, abs=0.01)
+    assert llama["flops_per_token"] / gpt2["flops_per_token"] == pytest.approx(53.4, abs=0.1)
+
+
+def test_weight_bytes_per_dtype():
+    llama = llama7b_config()
+    assert weight_bytes(llama, "fp32") == 4 * 6_738_415_616
+    assert weight_bytes(llama, "bf16") == weight_bytes(llama, "fp16") == 2 * 6_738_415_616
+    # int4 in groups of 32 with an fp16 scale each (GGUF Q4_0): 4.5 bits per matrix weight; the 65 norm
+    # vectors (266,240 numbers) stay fp32
+    norms = 32 * 2 * 4096 + 4096
+    assert weight_bytes(llama, "int4", 32, quantize_embeddings=True) == (6_738_415_616 - norms) * 9 // 16 + 4 * norms
+    # int8 per channel (an fp16 scale per output column: q, k, v, o, down have 4096, gate and up 11008),
+    # the two 131M-entry tables and the norms kept fp32
+    mats = 32 * (4 * 4096 ** 2 + 3 * 4096 * 11008)
+    assert weight_bytes(llama, "int8") == mats + 32 * (5 * 4096 + 2 * 11008) * 2 + 4 * (6_738_415_616 - mats)
+
+
+def test_memory_with_kv_cache(smollm2):
+    mem = memory_bytes(smollm2.config, 8192)
+    assert mem["kv_cache"] == 2 * 30 * 3 * 64 * 8192 * 4 == lw.kv_cache_bytes(smollm2.config, 8192)
+    assert mem["weights"] == 4 * 134_515_008
+    assert memory_bytes(smollm2.config, 8192, kv_dtype="int8")["kv_cache"] == mem["kv_cache"] // 4

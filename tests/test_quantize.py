@@ -1,0 +1,189 @@
+"""Section 八: weight-only quantization built from scratch, its accuracy on SmolLM2, and the GGUF file's own blocks."""
+import dataclasses
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize
+
+import llmwalk as lw
+from llmwalk.cost import weight_bytes
+from llmwalk.gguf_blocks import gguf_q4_1_blocks
+from llmwalk.layers import linear
+from llmwalk.models import REGISTRY, cache_dir
+from llmwalk.quantize import (KERNELS, QuantizedTensor, activation_outliers, compare_to_fp32, dequantize_model,
+                              dequantize_tensor, dynamic_int8_logits, eval_text, model_weight_bytes, quantize_model,
+                              quantize_tensor)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """These tests are many elementwise passes over 100M weights; on a shared 2-core machine OpenMP's second
+    thread mostly waits for a busy core and makes them ~5x slower (34 s vs 150-240 s measured)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def weights_with_outliers(seed: int, d_in: int = 128, d_out: int = 48) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(d_in, d_out, generator=g) * 0.05
+    w[torch.randint(d_in, (6,), generator=g), torch.randint(d_out, (6,), generator=g)] = 3.0   # a few big weights
+    return w + 0.02 * torch.rand(d_out, generator=g)   # columns off-centre, so asymmetric ranges differ
+
+
+def step(q: QuantizedTensor) -> torch.Tensor:
+    """The scale of every weight.  # -> [d_in, d_out]"""
+    return q.scales.repeat_interleave(q.group_size, dim=0)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("bits, group_size", [(8, None), (8, 32), (4, 32), (4, None)])
+def test_symmetric_error_is_at_most_half_a_step(seed, bits, group_size):
+    w = weights_with_outliers(seed)
+    q = quantize_tensor(w, bits, group_size)
+    assert q.shape == (128, 48) and q.bits == bits and q.zeros is None
+    top = 2 ** (bits - 1) - 1
+    assert q.int_codes().abs().max() == top                         # the largest |w| of a group uses the top code
+    assert ((dequantize_tensor(q) - w).abs() <= step(q) * (0.5 + 1e-5)).all()
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("bits, group_size", [(8, None), (4, 32)])
+def test_asymmetric_reproduces_min_and_max(seed, bits, group_size):
+    w = weights_with_outliers(seed)
+    q = quantize_tensor(w, bits, group_size, symmetric=False)
+    deq = dequantize_tensor(q)
+    g = q.group_size
+    groups = lambda t: t.T.reshape(48, -1, g)   # noqa: E731  [d_out, n_groups, g]
+    tol = 1e-5 * w.abs().max()
+    assert torch.allclose(groups(deq).amin(-1), groups(w).amin(-1), atol=tol, rtol=0)
+    assert torch.allclose(groups(deq).amax(-1), groups(w).amax(-1), atol=tol, rtol=0)
+    assert ((deq - w).abs() <= step(q) * (0.5 + 1e-5)).all()
+    codes = q.int_codes()
+    assert codes.min() == -2 ** (bits - 1) and codes.max() == 2 ** (bits - 1) - 1   # all 2^b levels in use
+
+
+def test_storage_sizes_and_packing():
+    w = weights_with_outliers(0)
+    q8, q4 = quantize_tensor(w, 8), quantize_tensor(w, 4, 32)
+    assert q8.codes.dtype == torch.int8 and q8.codes.T.is_contiguous()          # the int8 kernel's [d_out, d_in]
+    assert q8.nbytes == 128 * 48 + 48 * 4                                       # a byte per weight + fp32 scales
+    assert q4.codes.shape == (64, 48) and q4.codes.dtype == torch.uint8
+    assert q4.nbytes == 128 * 48 // 2 + 4 * 48 * 4                              # half a byte + 4 groups of scales
+    codes = q4.int_codes()
+    assert torch.equal(q4.codes[0] & 15, (codes[0] + 8).to(torch.uint8))       # rows 0 and 1 share a byte
+    assert torch.equal(q4.codes[0] >> 4, (codes[1] + 8).to(torch.uint8))
+    with pytest.raises(ValueError, match="group_size"):
+        quantize_tensor(w, 4, 48)
+
+
+def test_linear_runs_quantized_weights_and_every_kernel_computes_the_same_product():
+    w, x = weights_with_outliers(1), torch.randn(3, 128, generator=torch.Generator().manual_seed(5))
+    for bits, group_size in [(8, None), (8, 32), (4, 32)]:
+        q = quantize_tensor(w, bits, group_size)
+        bias = torch.ones(48)
+        exact = x @ dequantize_tensor(q) + bias
+        tol = 2e-2 * exact.abs().max() if (bits, group_size) == (8, None) else 1e-5   # int8 kernel: bf16 activations
+        assert torch.allclose(linear(x, lw.Linear(q, bias)), exact, atol=tol, rtol=0)
+    ref = x[:1] @ w
+    for name, make in KERNELS.items():
+        assert torch.allclose(make(w)(x[:1]), ref, atol=0.15 * ref.abs().max(), rtol=0), name
+
+
+def test_gguf_q4_1_blocks_match_gguf_and_llmwalk(smollm2):
+    path = REGISTRY["smollm2-135m"].locate(cache_dir())
+    blocks = gguf_q4_1_blocks(path, "blk.0.ffn_down.weight", n_blocks=4)
+    assert blocks.codes.shape == (4, 32) and blocks.codes.max() <= 15 and blocks.d.dtype == np.float16
+    tensor = next(t for t in gguf.GGUFReader(str(path)).tensors if t.name == "blk.0.ffn_down.weight")
+    assert np.array_equal(blocks.values.reshape(-1), dequantize(tensor.data, tensor.tensor_type).reshape(-1)[:128])
+    # a block runs along d_in: llmwalk's [d_in, d_out] weight holds it as rows 0..127 of column 0
+    assert np.array_equal(blocks.values.reshape(-1), smollm2.weights.blocks[0].ffn_down.weight[:128, 0].numpy())
+
+
+@pytest.fixture(scope="module")
+def int8(smollm2):
+    return quantize_model(smollm2, 8)
+
+
+@pytest.fixture(scope="module")
+def int4_asym(smollm2):
+    return quantize_model(smollm2, 4, 32, symmetric=False)
+
+
+def test_quantized_memory_is_what_cost_predicts(smollm2, int8, int4_asym):
+    assert model_weight_bytes(smollm2) == weight_bytes(smollm2, "fp32") == 538_060_032
+    assert model_weight_bytes(int8) == weight_bytes(smollm2, "int8", scale_bytes=4) == 220_177_152
+    assert model_weight_bytes(int4_asym) == weight_bytes(smollm2, "int4", 32, scale_bytes=4, zero_bytes=4)
+
+
+def test_quantized_table_is_looked_up_and_multiplied(smollm2):
+    qm = quantize_model(smollm2, 8, embeddings=True)
+    assert qm.weights.output is qm.weights.token_embd                        # still tied: stored once
+    assert model_weight_bytes(qm) == weight_bytes(smollm2, "int8", scale_bytes=4, quantize_embeddings=True)
+    ids = smollm2.tokenizer.encode("The capital of France is")
+    rows = qm.weights.token_embd[torch.tensor(ids)]
+    assert (rows - smollm2.weights.token_embd[ids]).abs().max() < 0.01
+    assert smollm2.tokenizer.decode([int(lw.forward(qm, ids).logits[-1].argmax())]) == " Paris"
+    assert model_weight_bytes(dequantize_model(qm)) == model_weight_bytes(smollm2)
+
+
+# Measured on the shipped text (944 tokens): int8 per channel KL 0.0033, top-1 97.1%, perplexity 25.21 vs 25.17.
+def test_int8_weight_only_stays_close_to_fp32(smollm2, int8):
+    c = compare_to_fp32(smollm2, int8)
+    assert c.n_tokens == len(smollm2.tokenizer.encode(eval_text())) == 944
+    assert c.kl_mean < 0.006 and c.top1_agreement >= 0.96
+    assert c.perplexity == pytest.approx(c.perplexity_fp32, rel=0.01)
+    assert all(r["max_abs_error"] < 0.04 for r in c.weight_error)
+
+
+# Measured on the first 323 tokens: int4 g32 symmetric KL 0.48, top-1 59%, perplexity 32.9 vs 23.5 (the
+# whole text: KL 0.47, top-1 61%): a 135M model loses a lot at 4 bits.
+def test_int4_g32_symmetric_has_a_visible_cost(smollm2):
+    c = compare_to_fp32(smollm2, quantize_model(smollm2, 4, 32), eval_text()[:1500])
+    assert 0.4 < c.kl_mean < 0.56 and 0.52 < c.top1_agreement < 0.66
+    assert 1.25 < c.perplexity / c.perplexity_fp32 < 1.55
+
+
+def test_int4_g32_asymmetric_reproduces_the_q4_1_model(smollm2, int4_asym):
+    # The shipped weights were already Q4_1 (groups of 32 along d_in, w = d·q + min): asymmetric int4 in the
+    # same groups puts each group's min and max on its end codes, so the grid is the same and nothing moves.
+    c = compare_to_fp32(smollm2, int4_asym, eval_text()[:1500])
+    assert max(r["max_abs_error"] for r in c.weight_error) < 1e-5
+    assert c.kl_mean < 1e-6 and c.top1_agreement == 1.0
+
+
+# Measured: bf16 weights KL 6e-5, top-1 99.4% (whole text: 5e-5, 99.3%).
+def test_bf16_weights_are_nearly_free(smollm2):
+    bf16 = dataclasses.replace(smollm2, weights=lw.to_dtype(smollm2.weights, torch.bfloat16))
+    assert model_weight_bytes(bf16) == 2 * 134_515_008
+    c = compare_to_fp32(smollm2, dequantize_model(bf16), eval_text()[:1500])
+    assert c.kl_mean < 1e-4 and c.top1_agreement >= 0.985
+
+
+# Measured on 256 tokens: weight-only int8 KL 0.004, top-1 96.5%; int8 activations too KL 0.82, top-1 50%.
+def test_int8_activations_break_the_model_because_of_outliers(smollm2, int8):
+    ids = smollm2.tokenizer.encode(eval_text())[:256]
+    ref = torch.log_softmax(lw.forward(smollm2, ids, record=False).logits, -1)
+
+    def kl_and_top1(logits):
+        out = torch.log_softmax(logits, -1)
+        return float((ref.exp() * (ref - out)).sum(-1).mean()), float((ref.argmax(-1) == out.argmax(-1)).float().mean())
+
+    kl_weights, top1_weights = kl_and_top1(lw.forward(int8, ids, record=False).logits)
+    kl_dynamic, top1_dynamic = kl_and_top1(dynamic_int8_logits(smollm2, ids))
+    assert kl_dynamic > 10 * kl_weights and kl_dynamic > 0.3
+    assert top1_dynamic < 0.7 < 0.95 < top1_weights
+
+
+def test_activation_outliers_dwarf_the_typical_activation(smollm2):
+    trace = lw.forward(smollm2, smollm2.tokenizer.encode(eval_text())[:128])
+    rows = activation_outliers(trace)
+    assert len(rows) == 3 * 30
+    worst = max(rows, key=lambda r: r["ratio"])
+    # measured: layer 11's FFN hidden channel 1229 reaches 2835 on the first token, 49,000x the median
+    assert worst["ratio"] > 10_000 and worst["position"] == 0
+    # one int8 step of that tensor (max / 127) is >100x the median value: typical activations round to 0
+    assert worst["max_abs"] / 127 > 100 * worst["median_abs"]

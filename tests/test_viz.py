@@ -1,0 +1,435 @@
+"""llmwalk.viz: every plot on real SmolLM2 data, the CJK font, and the widgets driven from Python (headless)."""
+import warnings
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import ipywidgets as W  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from matplotlib import font_manager, rcParams  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import llmwalk as lw  # noqa: E402
+import llmwalk.viz as viz  # noqa: E402
+from llmwalk.cost import flops_by_stage, gpt2_config, weight_bytes  # noqa: E402
+from llmwalk.generate import generate  # noqa: E402
+from llmwalk.quantize import dequantize_tensor, quantize_tensor  # noqa: E402
+from llmwalk.sampling import probs_after, surgery  # noqa: E402
+from llmwalk.viz import fonts  # noqa: E402
+from llmwalk.viz._draw import show_piece  # noqa: E402
+
+PROMPT = "The capital of France is"
+ZH = "法国的首都是什么"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """On a shared 2-core machine two torch threads wait on each other: one is up to 50x faster here."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model(smollm2):
+    return smollm2
+
+
+@pytest.fixture(scope="module")
+def tok(model):
+    return model.tokenizer
+
+
+@pytest.fixture(scope="module")
+def trace(model, tok):
+    return lw.forward(model, tok.encode(PROMPT))
+
+
+@pytest.fixture(scope="module")
+def logits(trace):
+    return trace.logits[-1]
+
+
+def texts(fig: Figure) -> list[str]:
+    """Every text drawn in a figure (titles, tick labels, annotations)."""
+    return [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+
+
+def signature(fig: Figure) -> tuple:
+    """What a figure shows: its texts, image data and patch geometry (PNG bytes also depend on layout passes)."""
+    fig.draw_without_rendering()                                        # tick labels exist once drawn
+    images = [np.ma.filled(im.get_array(), np.nan).round(6).tobytes() for ax in fig.axes for im in ax.images]
+    patches = [p.get_patch_transform().transform(p.get_path().vertices).round(6).tobytes()    # data coordinates
+               for ax in fig.axes for p in ax.patches]
+    return texts(fig), images, patches
+
+
+def tick_labels(axis) -> list[str]:
+    return [t.get_text() for t in axis.get_ticklabels()]
+
+
+def shown(tok, ids, limit=12) -> list[str]:
+    return [show_piece(p, limit) for p in tok.pieces(ids)]
+
+
+# ---------------------------------------------------------------- fonts
+
+def test_chinese_renders_as_glyphs():
+    name = fonts.use_cjk_font()
+    if name is None:
+        pytest.skip("no CJK font installed (e.g. apt-get install fonts-wqy-microhei)")
+    assert rcParams["font.family"] == ["sans-serif", name]         # Latin keeps DejaVu Sans, CJK falls back
+    fig = viz.mask_plot(list(ZH))
+    fig.suptitle(f"{ZH} The capital of France")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        viz.png(fig)
+    assert not [w for w in caught if "missing" in str(w.message)]
+
+
+def test_font_installed_after_matplotlib_cached_its_list(monkeypatch):
+    name = fonts.use_cjk_font()
+    if name is None:
+        pytest.skip("no CJK font installed")
+    stale = [f for f in font_manager.fontManager.ttflist if f.name != name]
+    monkeypatch.setattr(font_manager.fontManager, "ttflist", stale)
+    assert fonts.use_cjk_font() == name                                 # found on disk and added
+
+
+def test_missing_cjk_font_warns_once_with_a_hint(monkeypatch):
+    monkeypatch.setattr(font_manager.fontManager, "ttflist", [])
+    monkeypatch.setattr(font_manager, "findSystemFonts", lambda: [])
+    monkeypatch.setattr(fonts, "_warned", False)
+    monkeypatch.setitem(rcParams, "font.family", ["sans-serif"])
+    with pytest.warns(UserWarning, match="install"):
+        assert fonts.use_cjk_font() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert fonts.use_cjk_font() is None
+    assert rcParams["font.family"] == ["sans-serif"]
+
+
+# ---------------------------------------------------------------- tokens
+
+def test_token_chips_show_pieces_ids_and_fragments(tok):
+    ids = tok.encode(ZH)
+    fig = viz.token_chips(ZH, tok)
+    drawn = texts(fig)
+    assert all(p in drawn for p in shown(tok, ids, None)) and all(str(i) in drawn for i in ids)
+    assert "\\xe5\\x9b" in drawn                                         # a fragment of 国 shown as bytes
+    edged = [p for p in fig.axes[0].patches if p.get_edgecolor()[3] > 0]
+    assert len(edged) == sum(tok.is_fragment(i) for i in ids) > 0       # fragments get an edge
+
+
+def test_token_chips_compare_counts_tokens(tok):
+    gpt2 = lw.gpt2_tokenizer()
+    fig = viz.token_chips_compare(ZH, {"SmolLM2": tok, "GPT-2": gpt2})
+    drawn = texts(fig)
+    assert f"SmolLM2\n{len(tok.encode(ZH))} tokens" in drawn
+    assert f"GPT-2\n{len(gpt2.encode(ZH))} tokens" in drawn
+
+
+# ---------------------------------------------------------------- embeddings and positions
+
+def test_vector_strips_and_similarity(trace, tok):
+    names = shown(tok, trace.ids)
+    fig = viz.vector_strips(trace.tok_emb, names)
+    assert tick_labels(fig.axes[0].yaxis) == names
+    assert fig.axes[0].images[0].get_array().shape == tuple(trace.tok_emb.shape)
+    fig = viz.similarity_matrix(trace.tok_emb, names)
+    sim = fig.axes[0].images[0].get_array()
+    assert np.allclose(np.diag(sim), 1, atol=1e-5) and tick_labels(fig.axes[0].xaxis) == names
+    assert texts(fig).count("1.00") >= len(names)
+
+
+def test_position_table_and_rope():
+    table = torch.randn(300, 16)
+    fig = viz.position_table(table, n_pos=50)
+    assert [im.get_array().shape for ax in fig.axes for im in ax.images] == [(50, 16), (50, 50)]
+    fig = viz.rope_frequencies(64, 10000.0, n_pos=20)
+    angles = fig.axes[0].images[0].get_array()                          # [pairs, positions]
+    assert angles.shape == (32, 20) and angles[0, 1] == pytest.approx(1.0)   # pair 0 turns 1 rad per position
+    turns = fig.axes[1].lines[0].get_ydata()
+    assert turns[0] == pytest.approx(2 * np.pi) and np.all(np.diff(turns) > 0)
+
+
+def test_order_demo(model, tok):
+    a, b = tok.encode("人咬狗"), tok.encode("狗咬人")
+    trace_a = lw.forward(model, a)
+    fig = viz.order_demo(trace_a, lw.forward(model, b), tok.pieces(a), tok.pieces(b))
+    assert "True" in fig.axes[0].get_title()                            # the same vectors, reordered
+    bars = [p.get_height() for p in fig.axes[1].patches]
+    assert len(bars) == 1 + model.config.n_layer
+    assert bars[0] == pytest.approx(1.0) and min(bars[1:]) < 0.99       # identical without positions, not after
+    with pytest.raises(ValueError, match="different tokens"):
+        viz.order_demo(trace_a, SimpleNamespace(ids=torch.tensor(tok.encode("猫"))), [], [])
+
+
+# ---------------------------------------------------------------- attention
+
+def test_mask_plot_ticks_and_crosses():
+    fig = viz.mask_plot(list(ZH))
+    ax = fig.axes[0]
+    assert tick_labels(ax.xaxis) == tick_labels(ax.yaxis) == list(ZH)
+    cells = {(round(t.get_position()[1]), round(t.get_position()[0])): t.get_text() for t in ax.texts}
+    assert len(cells) == len(ZH) ** 2
+    assert all(mark == ("✓" if j <= i else "✗") for (i, j), mark in cells.items())
+
+
+def test_attention_heatmap_labels_and_values(trace, tok):
+    fig = viz.attention_heatmap(trace, tok, layer=2, head=4)
+    ax = fig.axes[0]
+    assert tick_labels(ax.xaxis) == tick_labels(ax.yaxis) == shown(tok, trace.ids)
+    w = trace.layers[2].attn.weights[4].numpy()
+    shown_w = ax.images[0].get_array().filled(np.nan)
+    lower = np.tril(np.ones_like(w, dtype=bool))
+    assert np.allclose(shown_w[lower], w[lower]) and np.isnan(shown_w[~lower]).all()
+
+
+def test_attention_heads_grid(trace, tok, model):
+    fig = viz.attention_heads(trace, tok, layer=1)
+    assert sum(bool(ax.images) for ax in fig.axes) == model.config.n_head
+    assert [ax.get_title() for ax in fig.axes if ax.images] == [f"head {h}" for h in range(model.config.n_head)]
+
+
+# ---------------------------------------------------------------- inside a layer
+
+def test_residual_norms_and_norm_stats(trace, tok, model):
+    fig = viz.residual_norms(trace, tok)
+    lines = fig.axes[0].lines
+    assert len(lines) == len(trace.ids) and len(lines[0].get_ydata()) == model.config.n_layer + 1
+    assert np.allclose(lines[-1].get_ydata(), trace.resid[:, -1].norm(dim=-1).numpy())
+    fig = viz.norm_stats(trace)
+    std = fig.axes[0].lines
+    assert [line.get_label() for line in std] == ["entering the norm (residual)", "after the norm"]
+    assert np.all(std[1].get_ydata()[5:] < std[0].get_ydata()[5:])      # the norm pulls big vectors back
+
+
+def test_ffn_widths(model):
+    fig = viz.ffn_widths(gpt2_config(), model.config)
+    drawn = " ".join(texts(fig))
+    assert all(s in drawn for s in ("768  in", "3072  gelu(up)", "576  in", "1536  act(gate) ⊙ up", "smollm2-135m"))
+    widths = sorted(p.get_width() for p in fig.axes[0].patches)
+    assert widths[-1] / widths[0] == pytest.approx(3072 / 576)          # drawn to scale
+
+
+# ---------------------------------------------------------------- logit lens
+
+def test_logit_lens_grid_last_row_is_the_answer(trace, model, tok):
+    fig = viz.logit_lens_grid(trace, model)
+    ax = fig.axes[0]
+    t, rows = len(trace.ids), model.config.n_layer + 1
+    assert tick_labels(ax.yaxis)[-1] == f"layer {model.config.n_layer}" and len(ax.texts) == rows * t
+    last_row = [s.get_text() for s in ax.texts[-t:]]
+    assert last_row == shown(tok, trace.logits.argmax(-1), 8)
+
+
+def test_logit_lens_top_and_rank(trace, model, tok):
+    fig = viz.logit_lens_top(trace, model, position=-1, k=3)
+    top3 = [s.get_text() for s in fig.axes[0].texts[-3:]]
+    assert top3 == shown(tok, trace.logits[-1].topk(3).indices, 8)
+    fig = viz.token_rank(trace, model, " Paris")
+    rank = fig.axes[0].lines[0].get_ydata()
+    paris = tok.encode(" Paris")[0]
+    assert rank[-1] == int((trace.logits[-1] > trace.logits[-1, paris]).sum()) + 1
+    assert fig.axes[1].lines[0].get_ydata()[-1] == pytest.approx(float(trace.probs[-1, paris]), rel=1e-4)
+    with pytest.raises(ValueError, match="3 tokens"):
+        viz.token_rank(trace, model, " Parisians and")
+
+
+# ---------------------------------------------------------------- sampling
+
+def bar_colors(ax) -> list[str]:
+    return [matplotlib.colors.to_hex(p.get_facecolor()) for p in ax.patches]
+
+
+def test_prob_bars_grey_out_the_cut(logits, tok):
+    fig = viz.prob_bars(logits, tok, temperature=1.0, top_k=3, n=8, chosen=int(logits.argmax()))
+    ax = fig.axes[0]
+    assert tick_labels(ax.yaxis) == shown(tok, logits.topk(8).indices)
+    assert bar_colors(ax) == ["#e45756"] + ["#4c78a8"] * 2 + ["#cfcfcf"] * 5
+    assert "✂ top-k = 3" in texts(fig) and "3 of 49152 tokens kept" in texts(fig)
+    cumulative = ax.lines[0]                                            # what top-p adds up: top-k's survivors
+    assert cumulative.get_label() == "cumulative after top-k" and cumulative.get_xdata()[2] == pytest.approx(1)
+    fig = viz.prob_bars(logits, tok, temperature=1.0, top_p=0.8, n=8)
+    cumulative = fig.axes[0].lines[0].get_xdata()
+    assert np.allclose(cumulative, logits.softmax(-1).topk(8).values.cumsum(0), atol=1e-5)
+    kept = int(fig.axes[0].get_title().split()[0])
+    assert cumulative[kept - 1] >= 0.8 > cumulative[kept - 2]          # top-p keeps the token that crosses p
+    greedy = viz.prob_bars(logits, tok, temperature=0, n=5)
+    assert bar_colors(greedy.axes[0]) == ["#4c78a8"] + ["#cfcfcf"] * 4
+
+
+def test_surgery_plot_titles(logits, tok):
+    fig = viz.surgery_plot(logits, tok, temperature=0.7, top_k=20, top_p=0.8, n=6)
+    steps = surgery(logits, 0.7, 20, 0.8)
+    assert len(fig.axes) == 5
+    for ax, step in zip(fig.axes, steps):
+        assert ax.get_title().startswith(f"{step.name}\nkept {step.kept} ·")
+        assert f"entropy {step.entropy:.2f} nats" in ax.get_title()
+
+
+def test_sample_histogram_matches_probabilities(logits, tok):
+    fig = viz.sample_histogram(logits, tok, n_samples=4000, temperature=1.0, top_p=0.9, seed=1, n=5)
+    ax = fig.axes[0]
+    freq = np.array([p.get_width() for p in ax.patches])
+    theory = ax.collections[0].get_offsets()[:, 0]
+    assert freq.sum() == pytest.approx(1) and np.allclose(freq, theory, atol=0.03)
+    assert np.allclose(theory[:5], probs_after(logits, 1.0, top_p=0.9).topk(5).values.numpy())
+
+
+# ---------------------------------------------------------------- generation and cost
+
+@pytest.fixture(scope="module")
+def generation(model):
+    return generate(model, PROMPT, 3)
+
+
+def test_generation_table_and_figure(generation, tok):
+    table = viz.generation_table(generation.steps, tok, generation.prompt_ids)
+    assert [r[0] for r in table.rows] == ["第1轮", "第2轮", "第3轮"]
+    assert [r[4] for r in table.rows] == [show_piece(s.token) for s in generation.steps]
+    assert table.rows[1][3].endswith(show_piece(generation.steps[0].token) + "]")   # round 2 sees round 1's token
+    assert "第3轮" in repr(table) and table._repr_html_().count("<tr>") == 4
+    drawn = texts(viz.generation_figure(generation.steps, tok, generation.prompt_ids))
+    assert all(show_piece(s.token) in drawn for s in generation.steps) and "round 3" in drawn
+
+
+def test_cost_plots(model):
+    stages = flops_by_stage(gpt2_config(), 9)
+    fig = viz.flops_bars(stages)
+    assert tick_labels(fig.axes[0].yaxis) == list(stages) and "FLOPs in all" in fig.axes[0].get_title()
+    fig = viz.time_per_token([8, 64, 256], {"KV cache": [0.01, 0.011, 0.012], "no cache": [0.01, 0.04, 0.15]})
+    assert [line.get_label() for line in fig.axes[0].lines] == ["KV cache", "no cache"]
+    sizes = {d: weight_bytes(model.config, d) for d in ("fp32", "bf16", "int8", "int4")}
+    assert [p.get_width() for p in viz.memory_bars(sizes).axes[0].patches] == list(sizes.values())
+    w = model.weights.blocks[0].attn_q.weight
+    fig = viz.error_histogram({f"int{b}": dequantize_tensor(quantize_tensor(w, b)) - w for b in (8, 4)})
+    assert len(fig.axes[0].patches) == 2 and fig.axes[0].get_legend().get_texts()[0].get_text().startswith("int8")
+
+
+def test_speculative_timeline():
+    rounds = [{"proposed": [" Paris", ".", " It"], "accepted": 2, "extra": " The"},
+              {"proposed": [" is", " the"], "accepted": 2, "extra": " capital"}]
+    drawn = texts(viz.speculative_timeline(rounds))
+    assert drawn.count("✓") == 4 and drawn.count("✗") == 1
+    assert "resampled" in drawn and "bonus" in drawn and "round 1\n+3 tokens" in drawn
+
+
+def test_stage_timeline(trace, model):
+    fig = viz.stage_timeline({"tokenize": 0.001, **trace.seconds, "softmax": 0.0005, "sample": 0.0001})
+    assert tick_labels(fig.axes[0].yaxis) == ["tokenize", "embedding", f"{model.config.n_layer} layers",
+                                              "final norm", "lm head", "softmax", "sample"]
+
+
+# ---------------------------------------------------------------- widgets
+
+def png_of(widget) -> str:
+    return widget.output.outputs[0]["data"]["image/png"]
+
+
+@pytest.fixture(scope="module")
+def sampler(logits, tok):
+    return viz.sampling_widget(logits, tok, n=6)
+
+
+def test_sampling_widget_follows_its_twin(sampler, logits, tok):
+    before = png_of(sampler)
+    sampler.set(temperature=0.5, top_k=4, top_p=1.0, min_p=0.0)
+    assert png_of(sampler) != before
+    twin = viz.sampling_panel(logits, tok, 0.5, 4, None, None, n=6)
+    assert signature(sampler.figure) == signature(twin)
+    sampler.controls["top_k"].value = 0                                  # one control: redraws on its own
+    assert "49152 of 49152 tokens kept" in texts(sampler.figure)
+
+
+def test_attention_and_lens_widgets_follow_their_twins(trace, tok, model):
+    w = viz.attention_widget(trace, tok)
+    assert set(w.controls) == {"layer", "head"} and w.controls["head"].max == model.config.n_head - 1
+    w.set(layer=7, head=3)
+    assert w.figure.axes[0].get_title() == "layer 7, head 3"
+    assert signature(w.figure) == signature(viz.attention_heatmap(trace, tok, 7, 3))
+    lens = viz.logit_lens_widget(trace, model)
+    lens.controls["position"].value = 1
+    assert signature(lens.figure) == signature(viz.logit_lens_top(trace, model, 1))
+
+
+def test_token_chips_widget(tok):
+    w = viz.token_chips_widget({"SmolLM2": tok, "GPT-2": lw.gpt2_tokenizer()})
+    w.controls["text"].value = "人工智能"
+    assert f"SmolLM2\n{len(tok.encode('人工智能'))} tokens" in texts(w.figure)
+
+
+def test_generation_widget_steps_like_generate(model, tok):
+    w = viz.generation_widget(model, PROMPT, temperature=0.8, seed=3, n=5)
+    first = png_of(w)
+    for _ in range(2):
+        w.controls["next"].click()
+    expected = generate(model, PROMPT, 2, temperature=0.8, seed=3, kv_cache=False)
+    assert w.ids == expected.ids and png_of(w) != first
+    assert w.table.value.count("<tr>") == 3                             # header and two rounds
+    w.controls["reset"].click()
+    assert w.ids == tok.encode(PROMPT) and png_of(w) == first and w.table.value.count("<tr>") == 1
+    w.controls["next"].click()
+    assert w.ids == expected.ids[:-1]                                   # re-seeded: the same first draw
+    w.controls["seed"].value = 4                                        # a new seed starts over
+    assert w.ids == tok.encode(PROMPT)
+
+
+def control_values(controls: dict) -> st.SearchStrategy:
+    """Any value each slider allows."""
+    def one(c):
+        if isinstance(c, W.IntSlider):
+            return st.integers(c.min, c.max)
+        return st.sampled_from([value for _, value in c.options])
+    return st.fixed_dictionaries({k: one(c) for k, c in controls.items()})
+
+
+FUZZ = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@FUZZ
+@given(data=st.data())
+def test_sampling_widget_never_raises(sampler, data):
+    values = data.draw(control_values(sampler.controls))
+    sampler.set(**values)
+    assert isinstance(sampler.figure, Figure) and png_of(sampler)
+
+
+@FUZZ
+@given(data=st.data())
+def test_attention_widget_never_raises(trace, tok, data):
+    w = viz.attention_widget(trace, tok)
+    w.set(**data.draw(control_values(w.controls)))
+    assert w.figure.axes[0].get_title() == f"layer {w.values['layer']}, head {w.values['head']}"
+
+
+@FUZZ
+@given(text=st.text(max_size=20))
+def test_token_chips_widget_never_raises(tok, text):
+    w = viz.token_chips_widget({"SmolLM2": tok}, text)
+    assert f"SmolLM2\n{len(tok.encode(text))} tokens" in texts(w.figure)
+
+
+@pytest.fixture(scope="module")
+def stepper(model):
+    return viz.generation_widget(model, PROMPT, n=5)
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), seed=st.integers(-2**53, 2**53))                 # IntText: any JavaScript-safe integer
+def test_generation_widget_never_raises(stepper, data, seed):
+    temperature = data.draw(control_values({"t": stepper.controls["temperature"]}))["t"]
+    stepper.set(temperature=temperature, seed=seed)
+    stepper.controls["reset"].click()
+    stepper.controls["next"].click()
+    assert len(stepper.steps) == 1 and 0 <= stepper.steps[0].prob <= 1
+    if temperature == 0:
+        assert stepper.steps[0].prob == 1.0                              # greedy
