@@ -1,0 +1,96 @@
+"""A real JupyterLab on 127.0.0.1 and a headless Chromium driven by Playwright: the learner's first minute."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+import secrets
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CHROMIUM = os.environ.get("LLMWALK_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run", "--disable-sync", "--disable-quic"]
+# Settings a learner would not need, but a test does: every cell in the DOM (no windowing), no news pop-up.
+LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"windowingMode": "none"},
+                "@jupyterlab/apputils-extension/notification.jupyterlab-settings": {"fetchNews": "false"}}
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    if CHROMIUM is None:
+        reason = "no Chromium: apt-get install chromium (./llmwalk.sh test does), or set LLMWALK_CHROMIUM"
+    elif shutil.which("jupyter", path=str(Path(sys.executable).parent)) is None:
+        reason = "JupyterLab is not installed in this environment: pip install -e '.[notebooks]'"
+    for item in items:
+        if reason and "e2e" in str(item.fspath):
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    """JupyterLab serving a copy of notebooks/ (so autosave never touches the stored notebooks)."""
+    tmp = tmp_path_factory.mktemp("lab")
+    root = tmp / "notebooks"
+    shutil.copytree(REPO / "notebooks", root)
+    for name, value in LAB_SETTINGS.items():
+        (tmp / "settings" / Path(name).parent).mkdir(parents=True, exist_ok=True)
+        (tmp / "settings" / name).write_text(json.dumps(value))
+    token, port = secrets.token_hex(16), _free_port()
+    env = dict(os.environ, JUPYTERLAB_SETTINGS_DIR=str(tmp / "settings"), JUPYTERLAB_WORKSPACES_DIR=str(tmp / "ws"),
+               JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))
+    log = open(tmp / "lab.log", "w")
+    server = subprocess.Popen([str(Path(sys.executable).parent / "jupyter"), "lab", "--no-browser", "--allow-root",
+                               "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
+                               f"--ServerApp.root_dir={root}", "--LabApp.expose_app_in_browser=True"],
+                              env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(240):
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=1)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError(f"JupyterLab did not start; see {tmp / 'lab.log'}")
+        yield {"base": base, "token": token, "log": tmp / "lab.log"}
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    yield context.new_page()
+    context.close()
+
+
+@pytest.fixture(scope="session")
+def shots_dir(tmp_path_factory) -> Path:
+    """Where screenshots go: docs/screenshots when LLMWALK_UPDATE_SCREENSHOTS=1, else a temporary folder."""
+    if os.environ.get("LLMWALK_UPDATE_SCREENSHOTS") == "1":
+        return REPO / "docs" / "screenshots"
+    return tmp_path_factory.mktemp("screenshots")
