@@ -7,6 +7,7 @@ O(T·d) or O(T·S·n_head) and disappear next to the matrix products.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Sequence
 
 from torch import Tensor
@@ -26,17 +27,22 @@ GPT2_SIZES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 12
 def gpt2_config(size: str = "small") -> Config:
     """The published GPT-2 architecture (no weights needed): small, medium, large or xl."""
     n_layer, d_model, n_head = GPT2_SIZES[size]
-    return Config(name=f"gpt2-{size}", family="gpt2", n_layer=n_layer, n_head=n_head, n_kv_head=n_head,
+    return _counted(Config(name=f"gpt2-{size}", family="gpt2", n_layer=n_layer, n_head=n_head, n_kv_head=n_head,
                   d_model=d_model, d_head=d_model // n_head, d_ff=4 * d_model, vocab_size=50257,
                   context_length=1024, norm="layernorm", norm_eps=1e-5, position="learned", ffn="gelu",
-                  tied_embeddings=True)
+                  tied_embeddings=True))
 
 
 def llama7b_config() -> Config:
     """LLaMA-7B (Touvron et al. 2023): 32 layers, d_model 4096, 32 heads, d_ff 11008, vocab 32000, untied head."""
-    return Config(name="llama-7b", family="llama", n_layer=32, n_head=32, n_kv_head=32, d_model=4096, d_head=128,
+    return _counted(Config(name="llama-7b", family="llama", n_layer=32, n_head=32, n_kv_head=32, d_model=4096, d_head=128,
                   d_ff=11008, vocab_size=32000, context_length=2048, norm="rmsnorm", norm_eps=1e-6,
-                  position="rope", ffn="swiglu", tied_embeddings=False)
+                  position="rope", ffn="swiglu", tied_embeddings=False))
+
+
+def _counted(config: Config) -> Config:
+    """The config with n_params filled in from the architecture."""
+    return replace(config, n_params=n_params(config))
 
 
 # ---------------------------------------------------------------- parameters
