@@ -1,0 +1,111 @@
+"""Section 二's claims, measured with GPT-2's real tokenizer (OpenAI's tiktoken) and any other tokenizers given.
+
+The article's token ids are GPT-2 ids (all below 50257), so GPT-2 decides each verdict; SmolLM2's and Gemma-3's
+cuts are reported beside it when their tokenizers are passed in.
+"""
+from __future__ import annotations
+
+from ..cost import flops_by_stage, gpt2_config
+from ..kv_cache import kv_cache_bytes
+from ..report import Claim, Table, table
+from ..tokens import Tokenizer, gpt2_tokenizer
+
+SECTION = "二"
+QUESTION = "法国的首都是什么"               # the article's sentence, as printed
+QUESTION_MARKED = QUESTION + "？"          # with the full-width question mark the article's punctuation remark implies
+ENGLISH = "What is the capital of France?"
+ARTICLE_IDS = {                          # the article's "tokenizer output"
+    QUESTION: [1374, 11223, 1585, 3425, 30, 40674],
+    "巴黎": [1585],
+    "首都": [3425],
+    "人工智": [24597, 5765],
+    "ChatGPT": [203, 1372, 1273, 164, 58],
+}
+ARTICLE_QUESTION_TOKENS = 9              # "法国的首都是什么切成 9 个 Token，标点也占一个"
+
+HOLDS, DIFFERS, ROUGHLY, UNCHECKABLE = "✓ holds", "✗ differs", "≈ roughly", "— not checkable here"
+
+
+def text_ids(tokenizer: Tokenizer, text: str) -> list[int]:
+    """The ids of `text` alone: without the <bos> token some tokenizers (Gemma-3) put in front of every text."""
+    ids = tokenizer.encode(text)
+    bos = getattr(getattr(tokenizer, "meta", None), "bos_token", None)
+    if bos and ids and tokenizer.pieces(ids[:1])[0] == bos:
+        ids = ids[1:]
+    return ids
+
+
+def shown(tokenizer: Tokenizer, ids) -> str:
+    """Ids with the piece each one stands for: '[1374 ' How', 11223 ' je']'."""
+    return "[" + ", ".join(f"{i} {p!r}" for i, p in zip(ids, tokenizer.pieces(ids))) + "]"
+
+
+def token_cost_table(texts: list[str], tokenizers: dict[str, Tokenizer]) -> Table:
+    """Tokens each tokenizer needs for each text (the <bos> left out), and tokens per character."""
+    rows = []
+    for text in texts:
+        counts = [len(text_ids(tok, text)) for tok in tokenizers.values()]
+        rows.append([text.replace("\n", "↵"), len(text)] + [f"{n} ({n / len(text):.2f})" for n in counts])
+    return table(rows, ["text", "characters"] + [f"{name}: tokens (per char)" for name in tokenizers])
+
+
+def forward_cost(tokens: int, config=None) -> dict[str, int]:
+    """What one forward pass over `tokens` positions costs GPT-2 small (or `config`): FLOPs and KV-cache bytes (fp32)."""
+    config = config or gpt2_config()
+    return {"tokens": tokens, "flops": sum(flops_by_stage(config, tokens).values()),
+            "kv_cache_bytes": kv_cache_bytes(config, tokens)}
+
+
+def _ids_claim(article_text: str, gpt2: Tokenizer, others: dict[str, Tokenizer], note: str = "") -> Claim:
+    """'text → [article ids]': the real GPT-2 ids, what the article's ids decode to, other tokenizers' counts."""
+    said = ARTICLE_IDS[article_text]
+    real = gpt2.encode(article_text)
+    if real == said:
+        verdict = HOLDS
+    else:
+        verdict = ROUGHLY if len(real) == len(said) else DIFFERS
+    elsewhere = "".join(f"; {name}: {len(text_ids(tok, article_text))}" for name, tok in others.items())
+    return Claim(SECTION, f"{article_text} → {said} ({len(said)} token{'s' * (len(said) > 1)}){note}",
+                 f"GPT-2: {real} ({len(real)} tokens{elsewhere}); "
+                 f"the article's ids decode to {gpt2.decode(said)!r}", verdict)
+
+
+def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
+    """Every claim of section 二, measured. `tokenizers`: extra tokenizers by name, reported beside GPT-2's."""
+    gpt2, others = gpt2_tokenizer(), dict(tokenizers or {})
+    rows = [_ids_claim(QUESTION, gpt2, others)]
+
+    # "切成 9 个 Token，标点也占一个"
+    n = len(gpt2.encode(QUESTION_MARKED))
+    mark = n - len(gpt2.encode(QUESTION))
+    elsewhere = "".join(f"; {name}: {len(text_ids(tok, QUESTION_MARKED))}" for name, tok in others.items())
+    rows.append(Claim(SECTION, f"{QUESTION_MARKED} is cut into {ARTICLE_QUESTION_TOKENS} tokens; punctuation takes one",
+                      f"GPT-2: {n} tokens, '？' alone takes {mark}{elsewhere}",
+                      HOLDS if n == ARTICLE_QUESTION_TOKENS and mark == 1 else DIFFERS))
+
+    rows += [_ids_claim("巴黎", gpt2, others), _ids_claim("首都", gpt2, others),
+             _ids_claim("人工智", gpt2, others, note=", 'not seen in training'"),
+             _ids_claim("ChatGPT", gpt2, others)]
+
+    # "英文切得更碎": the same question in English and in Chinese
+    def pair(tok):
+        return len(text_ids(tok, ENGLISH)), len(text_ids(tok, QUESTION_MARKED))
+    en, zh = pair(gpt2)
+    elsewhere = "".join("; {}: {} vs {}".format(name, *pair(tok)) for name, tok in others.items())
+    rows.append(Claim(SECTION, "English is cut finer (than Chinese)",
+                      f"the same question, English vs Chinese tokens — GPT-2: {en} vs {zh}{elsewhere}",
+                      HOLDS if en > zh else DIFFERS))
+
+    # "Token 越少，计算越快，内存占用越低"
+    short, long = sorted([forward_cost(en), forward_cost(zh)], key=lambda c: c["tokens"])
+    grows = short["flops"] < long["flops"] and short["kv_cache_bytes"] < long["kv_cache_bytes"]
+    rows.append(Claim(SECTION, "fewer tokens → faster, less memory",
+                      f"GPT-2 small, one forward pass: {short['tokens']} tokens {short['flops'] / 1e9:.3g} GFLOPs, "
+                      f"KV cache {short['kv_cache_bytes'] / 1e3:.4g} kB; {long['tokens']} tokens "
+                      f"{long['flops'] / 1e9:.3g} GFLOPs, {long['kv_cache_bytes'] / 1e3:.4g} kB",
+                      HOLDS if grows else DIFFERS))
+
+    rows.append(Claim(SECTION, "GPT-4 Turbo grew its window from 32K to 128K tokens, partly for token-dense code and maths",
+                      "GPT-4 Turbo is not available offline, and why OpenAI sized its window is not in any weights",
+                      UNCHECKABLE))
+    return rows

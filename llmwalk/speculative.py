@@ -1,0 +1,364 @@
+"""Section 八, third optimization: speculative decoding — a cheap draft guesses k tokens, the model checks them at once.
+
+One round: the draft proposes k tokens; the target runs [last token] + the k drafted tokens through `forward` with its
+KV cache, one pass over k + 1 positions, which gives its next-token distribution after every drafted token. It keeps
+the drafted tokens up to the first one it rejects and adds one token of its own: a resample where it rejected, a
+bonus token when it accepted all k. A round costs one target pass and yields 1 to k + 1 tokens; both KV caches are
+rolled back to the kept tokens (the buffers stay allocated: rolling back only moves a length).
+
+The accept/reject rule (Leviathan et al. 2023; Chen et al. 2023) makes the output follow exactly the target's
+distribution, whatever the draft: a bad draft costs time, never quality. At temperature 0 it reduces to "keep drafted
+tokens while they equal the target's argmax", so the text is token for token the target's greedy text.
+
+Drafts: PromptLookupDraft copies from the context (no model); ModelDraft runs any model with the target's
+vocabulary (offline: SmolLM2 quantized to int8/int4); EarlyExitDraft runs the target's first N layers.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+from functools import partial
+from itertools import product
+from typing import TYPE_CHECKING, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from .generate import _start, generate
+from .kv_cache import KVCache
+from .sampling import probs_after
+from .walk import forward
+from .weights import Config, count_params
+
+if TYPE_CHECKING:
+    from .models import Model
+
+Dist = Callable[[Tensor], Tensor]   # logits [..., vocab] -> the distribution a token is drawn from [..., vocab]
+
+
+# ---------------------------------------------------------------- the rule
+
+def one_hot(ids: Sequence[int], vocab_size: int) -> Tensor:
+    """The distribution of a deterministic guess: all the mass on each token.  # [k] -> [k, vocab]"""
+    return torch.nn.functional.one_hot(torch.as_tensor(list(ids), dtype=torch.long), vocab_size).float()
+
+
+def rollback(cache: KVCache, n: int) -> None:
+    """Keep the first n cached positions and forget the rest: only the lengths move, nothing is copied."""
+    if not 0 <= n <= cache.length:
+        raise ValueError(f"cannot roll a cache of {cache.length} positions back to {n}")
+    for layer in cache.layers:
+        layer.length = n
+
+
+def draw(weights: Tensor, generator: torch.Generator | None = None) -> int:
+    """One token id, with probability proportional to its weight.  # [vocab] -> int
+
+    No random number is used when a single token is possible (greedy, a deterministic draft): temperature 0
+    needs no generator, and the generator's stream is left as it was.
+    """
+    support = weights.nonzero()
+    if len(support) == 1:
+        return int(support[0])
+    return int(torch.multinomial(weights, 1, generator=generator))
+
+
+def verify(p_target: Tensor, p_draft: Tensor | None, drafted: Sequence[int],
+           generator: torch.Generator | None = None) -> tuple[int, int]:
+    """Accept a prefix of the drafted tokens and pick the next one.  # [k+1, V], [k, V] or None, [k] -> (accepted, token)
+
+    Drafted token x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)), p the target's distribution and q
+    the draft's (one-hot when p_draft is None: a deterministic draft). At the first rejection the token is drawn
+    from the residual max(0, p_i − q_i), renormalized; when all k are accepted, from p_k (the bonus token). Each
+    output token then follows p exactly: P(x) = min(q(x), p(x)) + P(reject) · residual(x) = p(x).
+    """
+    k = len(drafted)
+    q = p_draft if p_draft is not None else one_hot(drafted, p_target.shape[-1])
+    if p_target.shape[0] != k + 1 or q.shape[0] != k or q.shape[-1] != p_target.shape[-1]:
+        raise ValueError(f"{k} drafted tokens need target rows [{k + 1}, vocab] and draft rows [{k}, vocab], got "
+                         f"{list(p_target.shape)} and {list(q.shape)}: the draft must share the target's vocabulary")
+    for i, x in enumerate(drafted):
+        ratio = float(p_target[i, x] / q[i, x])
+        # Draw a uniform number only when the outcome is uncertain, so that greedy decoding needs no generator.
+        if ratio < 1 and not (ratio > 0 and float(torch.rand((), generator=generator)) < ratio):
+            residual = (p_target[i] - q[i]).clamp(min=0)
+            # p != q makes the residual positive somewhere; float rounding of two near-equal rows might not.
+            return i, draw(p_target[i], generator)
+    return k, draw(p_target[k], generator)
+
+
+# ---------------------------------------------------------------- drafts
+
+@dataclass(frozen=True)
+class Proposal:
+    """What a draft guessed: up to k token ids, the distributions they were drawn from, the passes it took."""
+
+    ids: list[int]                  # [k'], k' <= k
+    probs: Tensor | None            # [k', vocab]; None: chosen deterministically (one-hot)
+    forward_passes: int = 0
+
+
+class Draft:
+    """Guesses the next tokens. The target calls reset before a generation and rollback after every round."""
+
+    def reset(self, target: Config, capacity: int) -> None:
+        """Start a new generation of up to `capacity` tokens (prompt included) for a target of this config."""
+
+    def propose(self, context: list[int], k: int, dist: Dist, generator: torch.Generator | None) -> Proposal:
+        """Up to k tokens that might follow `context`, drawn from dist(logits) if drawn at all.  # [L] -> [<= k]"""
+        raise NotImplementedError
+
+    def rollback(self, n: int) -> None:
+        """The first n tokens of the context are final; anything the draft remembers after them is not."""
+
+
+def lookup(context: Sequence[int], ngram: int, k: int) -> list[int]:
+    """The k tokens that followed the last earlier occurrence of the context's trailing n-gram.  # [L] -> [<= k]
+
+    Tries n = ngram, ngram − 1, ..., 1 (longer matches predict better); [] when even the last token never occurred.
+    """
+    context = list(context)
+    for n in range(min(ngram, len(context) - 1), 0, -1):
+        tail = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):     # latest first; the tail itself is excluded
+            if context[start:start + n] == tail:
+                return context[start + n:start + n + k]
+    return []
+
+
+class PromptLookupDraft(Draft):
+    """No model: copy what followed the last n-gram earlier in the context (prompt lookup decoding).
+
+    Free to run, and right whenever the answer repeats its prompt (quote, rewrite, edit code); a deterministic guess,
+    so the rule accepts token x with probability p_target(x).
+    """
+
+    def __init__(self, ngram: int = 3):
+        if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
+            raise ValueError(f"ngram must be an int >= 1, got {ngram!r}")
+        self.ngram = ngram
+
+    def propose(self, context: list[int], k: int, dist: Dist, generator: torch.Generator | None) -> Proposal:
+        return Proposal(lookup(context, self.ngram, k), None)
+
+    def __repr__(self) -> str:
+        return f"PromptLookupDraft(ngram={self.ngram})"
+
+
+class ModelDraft(Draft):
+    """A smaller model with the target's vocabulary drafts token by token, with its own KV cache.
+
+    Offline: the same SmolLM2 quantized (quantize_model(model, 8) or 4). Online: ModelDraft(lw.load_model("distilgpt2"))
+    for lw.load_model("gpt2") works the same way (the hub is unreachable here, so that pair is not tested).
+    """
+
+    def __init__(self, model: "Model"):
+        self.model = model
+        self.cache: KVCache | None = None
+
+    def reset(self, target: Config, capacity: int) -> None:
+        if self.model.config.vocab_size != target.vocab_size:
+            raise ValueError(f"draft {self.model.config.name} has {self.model.config.vocab_size} tokens, target "
+                             f"{target.name} {target.vocab_size}: a draft must share the target's tokenizer")
+        self.cache = KVCache.empty(self.model.config, capacity)
+
+    def propose(self, context: list[int], k: int, dist: Dist, generator: torch.Generator | None) -> Proposal:
+        ids, rows = [], []
+        new = context[self.cache.length:]           # what the cache lacks: the kept tokens of the last round
+        for _ in range(k):
+            logits = forward(self.model, new, self.cache, record=False, last_only=True).logits[0]
+            rows.append(dist(logits))
+            ids.append(draw(rows[-1], generator))
+            new = ids[-1:]
+        return Proposal(ids, torch.stack(rows) if rows else None, k)
+
+    def rollback(self, n: int) -> None:
+        rollback(self.cache, min(n, self.cache.length))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.model.source})"
+
+
+def early_exit_model(model: "Model", n_layers: int) -> "Model":
+    """The model's first n_layers blocks, then its own final norm and LM head (the logit lens, as a model)."""
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers <= model.config.n_layer:
+        raise ValueError(f"n_layers must be an int in [1, {model.config.n_layer}], got {n_layers!r}")
+    weights = replace(model.weights, blocks=model.weights.blocks[:n_layers])
+    config = replace(model.config, name=f"{model.config.name}, first {n_layers} layers", n_layer=n_layers,
+                     n_params=count_params(weights))
+    return replace(model, config=config, weights=weights, source=f"{model.source}, first {n_layers} layers")
+
+
+class EarlyExitDraft(ModelDraft):
+    """The target's own first N layers draft (self-speculation): no second model to store, but the middle layers'
+    guess rarely is the last layer's (see top1_agreement)."""
+
+    def __init__(self, model: "Model", n_layers: int):
+        super().__init__(early_exit_model(model, n_layers))
+
+
+def top1_agreement(target: "Model", others: dict[str, "Model"], ids: Sequence[int]) -> dict[str, float]:
+    """How often each model's most likely next token is the target's, over the positions of ids.  # [T] -> {name: 0..1}
+
+    With greedy decoding this is about the share of drafted tokens the target accepts.
+    """
+    best = forward(target, ids, record=False).logits.argmax(-1)
+    return {name: float((forward(m, ids, record=False).logits.argmax(-1) == best).float().mean())
+            for name, m in others.items()}
+
+
+# ---------------------------------------------------------------- generation
+
+@dataclass(frozen=True)
+class Round:
+    """One draft-then-verify round (the fields llmwalk.viz.speculative_timeline draws)."""
+
+    proposed_ids: list[int]
+    proposed: list[str]             # the drafted tokens' texts
+    accepted: int                   # how many drafted tokens the target kept, from the first
+    extra_id: int
+    extra: str                      # the target's own token after them
+    bonus: bool                     # all accepted: extra drawn from the target's next distribution, else resampled
+    draft_forward_passes: int
+    draft_seconds: float = field(compare=False)
+    seconds: float = field(compare=False)
+
+    @property
+    def new_ids(self) -> list[int]:
+        """The tokens this round added.  # [accepted + 1]"""
+        return self.proposed_ids[:self.accepted] + [self.extra_id]
+
+
+@dataclass(frozen=True)
+class SpeculativeResult:
+    """The result of speculative_generate: tokens and text as `generate` has them, and how the rounds went."""
+
+    prompt_ids: list[int]
+    new_ids: list[int]              # the EOS token, when generation stopped there, included
+    text: str
+    rounds: list[Round]             # as verified: a round that produced EOS may hold tokens cut from new_ids
+    stopped: str                    # "eos" | "max_new_tokens"
+    target_forward_passes: int      # one per round, plus the prefill of a prompt longer than one token
+    seconds: float = field(compare=False)
+
+    @property
+    def draft_forward_passes(self) -> int:
+        return sum(r.draft_forward_passes for r in self.rounds)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Share of the drafted tokens the target kept (nan when nothing was drafted)."""
+        proposed = sum(len(r.proposed_ids) for r in self.rounds)
+        return sum(r.accepted for r in self.rounds) / proposed if proposed else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.new_ids) / self.seconds
+
+
+def _round(target: "Model", draft: Draft, ids: list[int], cache: KVCache, k: int, dist: Dist,
+           generator: torch.Generator | None) -> Round:
+    """Draft k tokens after ids, verify them in one target pass, roll both caches back to the kept tokens."""
+    tic = time.perf_counter()
+    proposal = draft.propose(ids, k, dist, generator)
+    draft_seconds = time.perf_counter() - tic
+    drafted = proposal.ids
+    # The cache holds every token but the last: the pass runs it and the drafted ones, k + 1 positions.
+    logits = forward(target, ids[cache.length:] + drafted, cache, record=False).logits[-len(drafted) - 1:]
+    accepted, extra = verify(dist(logits), proposal.probs, drafted, generator)
+    rollback(cache, len(ids) + accepted)
+    draft.rollback(len(ids) + accepted)
+    *proposed, piece = target.tokenizer.pieces(drafted + [extra])
+    return Round(drafted, proposed, accepted, extra, piece, accepted == len(drafted), proposal.forward_passes,
+                 draft_seconds, time.perf_counter() - tic)
+
+
+def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[int] | Tensor, k: int = 4,
+                         max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
+                         top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
+                         generator: torch.Generator | None = None, chat: bool = False,
+                         stop_at_eos: bool = True) -> SpeculativeResult:
+    """`generate`, with `draft` guessing up to k tokens per target pass.  # [T] -> SpeculativeResult
+
+    Same arguments and checks as generate. The tokens follow the target's distribution (after temperature, top-k,
+    top-p, min-p, applied to the draft's distribution too); at temperature 0 they are exactly generate's tokens.
+    """
+    tic = time.perf_counter()
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (tokens drafted per round) must be an int >= 1, got {k!r}")
+    loop = _start(target, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, generator, True, chat,
+                  stop_at_eos, 0, None)
+    dist = partial(probs_after, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    prompt_ids, cache = loop.prompt_ids, loop.cache
+    draft.reset(target.config, len(prompt_ids) + max_new_tokens)
+    # Prefill all but the last prompt token (LM head on one row only): every round then feeds its last token.
+    prefill = len(prompt_ids) > 1
+    if prefill:
+        forward(target, prompt_ids[:-1], cache, record=False, last_only=True)
+    rounds: list[Round] = []
+    new: list[int] = []
+    while len(new) < max_new_tokens and not loop.eos_ids.intersection(new):
+        # Never draft past max_new_tokens: the round's own token is the last one allowed.
+        rounds.append(_round(target, draft, prompt_ids + new, cache, min(k, max_new_tokens - len(new) - 1), dist,
+                             loop.generator))
+        new += rounds[-1].new_ids
+    new = new[:next((i + 1 for i, t in enumerate(new) if t in loop.eos_ids), len(new))]   # cut after EOS
+    stopped = "eos" if new[-1] in loop.eos_ids else "max_new_tokens"
+    text = target.tokenizer.decode(new[:-1] if stopped == "eos" else new)
+    return SpeculativeResult(prompt_ids, new, text, rounds, stopped, len(rounds) + prefill,
+                             time.perf_counter() - tic)
+
+
+# ---------------------------------------------------------------- measurement
+
+# (text, chat): answers that copy their prompt (a sentence to repeat, code to edit), and one with nothing to copy.
+BENCH_PROMPTS = {
+    "repeat": ("Repeat this sentence exactly: The old lighthouse keeper climbed the narrow stairs every evening, "
+               "lit the great lamp, and watched the ships pass safely through the dark and stormy channel.", True),
+    "edit code": ("Add type hints to this function:\n\ndef scale(values, factor):\n"
+                  "    return [v * factor for v in values]\n", True),
+    "no copy": ("The history of the printing press", False),
+}
+
+
+def draft_by_name(model: "Model", name: str) -> Draft:
+    """'lookup' (prompt lookup, 3-grams), 'int8' / 'int4' (the model quantized), 'exitN' (its first N layers)."""
+    from .quantize import quantize_model
+    if name == "lookup":
+        return PromptLookupDraft()
+    if name == "int8":
+        return ModelDraft(quantize_model(model, 8))
+    if name == "int4":
+        return ModelDraft(quantize_model(model, 4, group_size=32))
+    if name.startswith("exit") and name[4:].isdigit():
+        return EarlyExitDraft(model, int(name[4:]))
+    raise ValueError(f"unknown draft {name!r}: use lookup, int8, int4 or exitN (N layers, e.g. exit6)")
+
+
+def compare_speculative(target: "Model", drafts: dict[str, Draft], prompts: dict[str, tuple[str, bool]],
+                        ks: Sequence[int] = (1, 3, 5), temperatures: Sequence[float] = (0.0, 1.0),
+                        max_new_tokens: int = 32, repeats: int = 1, seed: int = 0) -> list[dict]:
+    """Speculative vs plain (KV-cached) generation, one row per prompt, temperature, draft and k.
+
+    Speedup is speculative tokens/s over plain tokens/s, each the median of `repeats` runs interleaved (the two
+    produce different tokens when sampling, and a busy machine slows whichever runs at that moment).
+    """
+    rows = []
+    for (label, (text, chat)), t, (name, draft), k in product(prompts.items(), temperatures, drafts.items(), ks):
+        run = dict(max_new_tokens=max_new_tokens, temperature=t, seed=seed if t > 0 else None, chat=chat)
+        spec, plain = [], []
+        for _ in range(repeats):
+            spec.append(speculative_generate(target, draft, text, k, **run))
+            tic = time.perf_counter()
+            g = generate(target, text, **run)
+            plain.append(len(g.new_ids) / (time.perf_counter() - tic))
+        s = spec[-1]
+        spec_tps = statistics.median(r.tokens_per_second for r in spec)
+        rows.append({"prompt": label, "temperature": t, "draft": name, "k": k, "tokens": len(s.new_ids),
+                     "acceptance": s.acceptance_rate, "target passes/token": s.target_forward_passes / len(s.new_ids),
+                     "draft passes/token": s.draft_forward_passes / len(s.new_ids),
+                     "draft time share": sum(r.draft_seconds for r in s.rounds) / s.seconds,
+                     "tok/s": spec_tps, "plain tok/s": statistics.median(plain),
+                     "speedup": spec_tps / statistics.median(plain)})
+    return rows
