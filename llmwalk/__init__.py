@@ -2,6 +2,7 @@
 from .embedding import apply_rope, position_embedding, rope_angles, token_embedding
 from .head import lm_head, logit_lens, softmax
 from .generate import Generation, Step, decoding_head, generate, generate_stream
+from .journey import Journey, journey
 from .kv_cache import KVCache, LayerCache, kv_cache_bytes
 from .layers import attention, block_forward, causal_mask, ffn, layer_norm, linear, norm, rms_norm
 from .models import (CorruptModelFileError, HubUnreachableError, Model, ModelNotInstalledError,

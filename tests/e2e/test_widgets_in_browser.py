@@ -1,0 +1,100 @@
+"""Open the notebooks in JupyterLab in a real browser, run them, move the controls, see the figures change."""
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ERRORS = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'], .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']"
+
+
+def open_and_run_all(page, lab, notebook: str) -> None:
+    """Open a notebook, start its kernel and run every cell; wait until all have finished."""
+    page.goto(f"{lab['base']}/lab/tree/{notebook}?token={lab['token']}")
+    page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')", timeout=120_000)
+    dialog = page.locator(".jp-Dialog button.jp-mod-accept")        # "Select Kernel": take the notebook's own
+    try:
+        dialog.click(timeout=15_000)
+    except Exception:
+        pass
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    page.wait_for_function(
+        """() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];
+                   return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }""", timeout=600_000)
+
+
+def widget_cell(page, label: str):
+    """The output area holding a widget whose control is labelled `label`."""
+    cell = page.locator(".jp-OutputArea-output").filter(has=page.locator(f".widget-label:text-is('{label}')")).first
+    cell.scroll_into_view_if_needed()
+    cell.locator(".widget-output img").first.wait_for(timeout=120_000)
+    return cell
+
+
+def figure(cell) -> str:
+    return cell.locator(".widget-output img").first.get_attribute("src")
+
+
+def wait_for_new_figure(page, cell, before: str) -> str:
+    handle = cell.element_handle()
+    page.wait_for_function("([c, b]) => { const i = c.querySelector('.widget-output img'); return i && i.src !== b; }",
+                           arg=[handle, before], timeout=120_000)
+    return figure(cell)
+
+
+def move_slider(page, cell, label: str, presses: int, key: str = "ArrowRight") -> str:
+    """Move the slider labelled `label` with the keyboard, as a learner would with arrow keys; return its readout."""
+    slider = cell.locator(".widget-slider").filter(has=page.locator(f".widget-label:text-is('{label}')")).first
+    slider.locator(".noUi-handle").first.focus()
+    for _ in range(presses):
+        page.keyboard.press(key)
+    return slider.locator(".widget-readout").first.inner_text()
+
+
+def assert_no_errors(page):
+    assert page.locator(ERRORS).count() == 0, page.locator(ERRORS).first.inner_text()
+    assert page.get_by_text("Error displaying widget").count() == 0
+
+
+def test_sampling_sliders_redraw_the_bars(page, lab, shots_dir):
+    open_and_run_all(page, lab, "06_sampling.ipynb")
+    cell = widget_cell(page, "temperature")
+    cell.screenshot(path=str(shots_dir / "06_sampling_before.png"))
+    before = figure(cell)
+    readout = move_slider(page, cell, "temperature", 6, "ArrowLeft")
+    assert readout == "0.7"
+    after_t = wait_for_new_figure(page, cell, before)
+    readout = move_slider(page, cell, "top-p (1 off)", 10, "ArrowLeft")
+    assert readout == "0.9"
+    after_p = wait_for_new_figure(page, cell, after_t)
+    assert len({before, after_t, after_p}) == 3
+    cell.screenshot(path=str(shots_dir / "06_sampling_after.png"))
+    assert_no_errors(page)
+
+
+def test_attention_layer_and_head_selectors(page, lab, shots_dir):
+    open_and_run_all(page, lab, "04_layers.ipynb")
+    cell = widget_cell(page, "layer")
+    cell.screenshot(path=str(shots_dir / "04_attention_before.png"))
+    before = figure(cell)
+    assert move_slider(page, cell, "layer", 5) == "5"
+    after_layer = wait_for_new_figure(page, cell, before)
+    assert move_slider(page, cell, "head", 2) == "2"
+    after_head = wait_for_new_figure(page, cell, after_layer)
+    assert len({before, after_layer, after_head}) == 3
+    cell.screenshot(path=str(shots_dir / "04_attention_after.png"))
+    assert_no_errors(page)
+
+
+def test_step_through_generation_button(page, lab, shots_dir):
+    open_and_run_all(page, lab, "07_autoregressive.ipynb")
+    cell = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-button:has-text('next token')")).first
+    cell.scroll_into_view_if_needed()
+    cell.locator(".widget-output img").first.wait_for(timeout=120_000)
+    cell.screenshot(path=str(shots_dir / "07_step_before.png"))
+    seen = [figure(cell)]
+    for _ in range(3):
+        cell.locator(".widget-button:has-text('next token')").click()
+        seen.append(wait_for_new_figure(page, cell, seen[-1]))
+    assert len(set(seen)) == 4
+    cell.screenshot(path=str(shots_dir / "07_step_after.png"))
+    assert_no_errors(page)
