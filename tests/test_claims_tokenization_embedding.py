@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 import llmwalk as lw
 from llmwalk.claims import embedding, tokenization
+from conftest import needs_gemma
 
 VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
 
@@ -35,7 +36,7 @@ def test_ids_rows_show_the_real_gpt2_ids(tok_rows, row, text):
     claim = tok_rows[row]
     assert claim.article.startswith(f"{text} → {said}")
     assert f"GPT-2: {real} ({len(real)} tokens" in claim.measured
-    assert repr(gpt2.decode(said)) in claim.measured       # what the article's ids really are
+    assert f"in GPT-2 the article's ids are '{tokenization.visible(gpt2, said)}'" in claim.measured
     assert real != said and len(real) != len(said)
     assert claim.verdict == "✗ differs"
 
@@ -44,6 +45,7 @@ def test_article_ids_decode_to_unrelated_english():
     gpt2 = lw.gpt2_tokenizer()
     assert gpt2.decode([1374, 11223, 1585, 3425, 30, 40674]) == " How jerist pan?Else"
     assert gpt2.decode([1585]) == "rist" and gpt2.decode([3425]) == " pan"
+    assert tokenization.visible(gpt2, [203, 1372, 1273, 164, 58]) == r"\x0f|␣beh|St|\xe8|["
 
 
 def test_ids_verdict_follows_the_comparison(monkeypatch):
@@ -89,6 +91,17 @@ def test_other_tokenizers_are_reported(smollm2):
     n = len(smollm2.tokenizer.encode("法国的首都是什么？"))
     assert f"SmolLM2: {n}" in rows[1].measured
     assert rows[1].verdict == tokenization.claims()[1].verdict       # GPT-2 decides
+
+
+@needs_gemma
+def test_gemma_counts_leave_out_bos(gemma):
+    tok = gemma.tokenizer
+    assert tok.encode("巴黎")[0] == gemma.config.bos_token_id
+    assert tokenization.text_ids(tok, "巴黎") == tok.encode("巴黎")[1:] and len(tok.encode("巴黎")) == 2
+    rows = tokenization.claims({"Gemma-3": tok})
+    assert "Gemma-3: 1)" in rows[2].measured                                  # 巴黎 is one Gemma-3 token
+    en, zh = len(tok.encode(tokenization.ENGLISH)) - 1, len(tok.encode(tokenization.QUESTION_MARKED)) - 1
+    assert f"Gemma-3: {en} vs {zh}" in rows[6].measured
 
 
 def test_text_ids_drops_only_a_leading_bos(smollm2):

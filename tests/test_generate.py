@@ -1,13 +1,15 @@
 """The autoregressive loop on the real SmolLM2: cache vs recomputation, transformers' generate, seeds, EOS, errors."""
+import importlib
 import time
 
 import pytest
 import torch
 
 import llmwalk as lw
-import llmwalk.generate as gen_module
 from llmwalk.generate import Generation, decoding_head, generate, generate_stream
 from llmwalk.kv_cache import kv_cache_bytes
+
+gen_module = importlib.import_module("llmwalk.generate")   # lw.generate is the function of the same name
 
 # (text, chat): the article's question through the chat template, and plain English continuations.
 PROMPTS = [("法国的首都是什么", True), ("The history of the printing press", False),

@@ -35,9 +35,11 @@ def text_ids(tokenizer: Tokenizer, text: str) -> list[int]:
     return ids
 
 
-def shown(tokenizer: Tokenizer, ids) -> str:
-    """Ids with the piece each one stands for: '[1374 ' How', 11223 ' je']'."""
-    return "[" + ", ".join(f"{i} {p!r}" for i, p in zip(ids, tokenizer.pieces(ids))) + "]"
+def visible(tokenizer: Tokenizer, ids) -> str:
+    """The pieces of some ids on one line: '␣How|␣je|rist' (␣ a space, control characters and fragments as \\xNN)."""
+    def show(piece):
+        return "".join("␣" if c == " " else c if c.isprintable() else c.encode("unicode_escape").decode() for c in piece)
+    return "|".join(show(p) for p in tokenizer.pieces(ids))
 
 
 def token_cost_table(texts: list[str], tokenizers: dict[str, Tokenizer]) -> Table:
@@ -67,7 +69,7 @@ def _ids_claim(article_text: str, gpt2: Tokenizer, others: dict[str, Tokenizer],
     elsewhere = "".join(f"; {name}: {len(text_ids(tok, article_text))}" for name, tok in others.items())
     return Claim(SECTION, f"{article_text} → {said} ({len(said)} token{'s' * (len(said) > 1)}){note}",
                  f"GPT-2: {real} ({len(real)} tokens{elsewhere}); "
-                 f"the article's ids decode to {gpt2.decode(said)!r}", verdict)
+                 f"in GPT-2 the article's ids are '{visible(gpt2, said)}'", verdict)
 
 
 def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
