@@ -154,6 +154,31 @@ def bench_generate(args: argparse.Namespace) -> None:
             print(f"{n:>6} | {name:22} {t.ttft:>7.3f} {t.tokens_per_second:>12.1f} {t.peak_mb:>8.0f} | {ratios}")
 
 
+def bench_speculative(args: argparse.Namespace) -> None:
+    """Speculative decoding: acceptance, target passes per token and speed vs plain generate, per draft and k."""
+    from .quantize import compare_to_fp32, eval_text, quantize_model
+    from .speculative import BENCH_PROMPTS, compare_speculative, draft_by_name, early_exit_model
+    model = load_model(args.model, progress=False)
+    print(f"{model.config.name}, fp32, {args.new_tokens} new tokens (stopping at EOS), torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads. Speedup: plain seconds per token (generate with its KV cache) over "
+          f"speculative, median of {args.repeats} interleaved runs. Drafts against the full model on the shipped "
+          "text's first 1500 characters (top-1 agreement: about the greedy acceptance rate):")
+    others = {"int8": quantize_model(model, 8), "int4 g32": quantize_model(model, 4, 32),
+              **{f"first {n} layers": early_exit_model(model, n) for n in args.agreement_layers}}
+    for name, other in others.items():
+        c = compare_to_fp32(model, other, eval_text()[:1500])
+        print(f"  {name:>16}: top-1 agreement {c.top1_agreement:.1%}, KL {c.kl_mean:.3g}, "
+              f"perplexity {c.perplexity:.4g} (full model {c.perplexity_fp32:.4g})")
+    drafts = {name: draft_by_name(model, name) for name in args.drafts}
+    prompts = {name: BENCH_PROMPTS[name] for name in args.prompts}
+    generate(model, "Hi", 2)         # first calls pay one-off costs (allocator, lazy initialisation)
+    rows = compare_speculative(model, drafts, prompts, args.ks, args.temperatures, args.new_tokens, args.repeats)
+    for i, row in enumerate(rows):
+        if i == 0:
+            print(" | ".join(row))
+        print(" | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()), flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subparser per benchmark, each pointing at its function through `run`."""
     common = argparse.ArgumentParser(add_help=False)     # options every subcommand takes
@@ -167,6 +192,19 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--repeats", type=int, default=3, help="interleaved runs of the cached contenders")
     gen.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
     gen.set_defaults(run=bench_generate)
+
+    from .speculative import BENCH_PROMPTS
+    spec = sub.add_parser("speculative", parents=[common], help=bench_speculative.__doc__)
+    spec.add_argument("--drafts", nargs="+", default=["lookup", "int8", "exit6", "exit15", "exit24"],
+                      help="lookup, int8, int4 (slow: dequantizes every product), exitN (the first N layers)")
+    spec.add_argument("--prompts", nargs="+", default=list(BENCH_PROMPTS), choices=list(BENCH_PROMPTS))
+    spec.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5], metavar="K", help="tokens drafted per round")
+    spec.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], metavar="T")
+    spec.add_argument("--new-tokens", type=int, default=32)
+    spec.add_argument("--repeats", type=int, default=1, help="interleaved runs of speculative and plain generation")
+    spec.add_argument("--agreement-layers", type=int, nargs="+", default=[6, 12, 18, 24, 28], metavar="N")
+    spec.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
+    spec.set_defaults(run=bench_speculative)
     return parser
 
 

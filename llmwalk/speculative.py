@@ -1,4 +1,4 @@
-"""Section 八, third optimization: speculative decoding — a cheap draft guesses k tokens, the model checks them at once.
+"""Section 八, third optimization: speculative decoding — a cheap draft guesses k tokens, the model checks them.
 
 One round: the draft proposes k tokens; the target runs [last token] + the k drafted tokens through `forward` with its
 KV cache, one pass over k + 1 positions, which gives its next-token distribution after every drafted token. It keeps
@@ -20,13 +20,14 @@ import time
 from dataclasses import dataclass, field, replace
 from functools import partial
 from itertools import product
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
-from .generate import _start, generate
+from .generate import Generation, _start, generate
 from .kv_cache import KVCache
+from .quantize import quantize_model
 from .sampling import probs_after
 from .walk import forward
 from .weights import Config, count_params
@@ -66,7 +67,7 @@ def draw(weights: Tensor, generator: torch.Generator | None = None) -> int:
 
 def verify(p_target: Tensor, p_draft: Tensor | None, drafted: Sequence[int],
            generator: torch.Generator | None = None) -> tuple[int, int]:
-    """Accept a prefix of the drafted tokens and pick the next one.  # [k+1, V], [k, V] or None, [k] -> (accepted, token)
+    """Keep a prefix of the drafted tokens, then pick one more.  # [k+1, V], [k, V] | None, [k] -> (accepted, token)
 
     Drafted token x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)), p the target's distribution and q
     the draft's (one-hot when p_draft is None: a deterministic draft). At the first rejection the token is drawn
@@ -84,7 +85,7 @@ def verify(p_target: Tensor, p_draft: Tensor | None, drafted: Sequence[int],
         if ratio < 1 and not (ratio > 0 and float(torch.rand((), generator=generator)) < ratio):
             residual = (p_target[i] - q[i]).clamp(min=0)
             # p != q makes the residual positive somewhere; float rounding of two near-equal rows might not.
-            return i, draw(p_target[i], generator)
+            return i, draw(residual if residual.any() else p_target[i], generator)
     return k, draw(p_target[k], generator)
 
 
@@ -192,20 +193,10 @@ def early_exit_model(model: "Model", n_layers: int) -> "Model":
 
 class EarlyExitDraft(ModelDraft):
     """The target's own first N layers draft (self-speculation): no second model to store, but the middle layers'
-    guess rarely is the last layer's (see top1_agreement)."""
+    top token is rarely the last layer's: quantize.compare_to_fp32(model, early_exit_model(model, n)).top1_agreement."""
 
     def __init__(self, model: "Model", n_layers: int):
         super().__init__(early_exit_model(model, n_layers))
-
-
-def top1_agreement(target: "Model", others: dict[str, "Model"], ids: Sequence[int]) -> dict[str, float]:
-    """How often each model's most likely next token is the target's, over the positions of ids.  # [T] -> {name: 0..1}
-
-    With greedy decoding this is about the share of drafted tokens the target accepts.
-    """
-    best = forward(target, ids, record=False).logits.argmax(-1)
-    return {name: float((forward(m, ids, record=False).logits.argmax(-1) == best).float().mean())
-            for name, m in others.items()}
 
 
 # ---------------------------------------------------------------- generation
@@ -324,7 +315,6 @@ BENCH_PROMPTS = {
 
 def draft_by_name(model: "Model", name: str) -> Draft:
     """'lookup' (prompt lookup, 3-grams), 'int8' / 'int4' (the model quantized), 'exitN' (its first N layers)."""
-    from .quantize import quantize_model
     if name == "lookup":
         return PromptLookupDraft()
     if name == "int8":
@@ -336,29 +326,34 @@ def draft_by_name(model: "Model", name: str) -> Draft:
     raise ValueError(f"unknown draft {name!r}: use lookup, int8, int4 or exitN (N layers, e.g. exit6)")
 
 
+def _timed(run: Callable[[], SpeculativeResult | Generation]) -> tuple[SpeculativeResult | Generation, float, float]:
+    """Run once: the result, then seconds of wall time and of this process's CPU time per new token."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = run()
+    n = len(out.new_ids)
+    return out, (time.perf_counter() - wall) / n, (time.process_time() - cpu) / n
+
+
 def compare_speculative(target: "Model", drafts: dict[str, Draft], prompts: dict[str, tuple[str, bool]],
                         ks: Sequence[int] = (1, 3, 5), temperatures: Sequence[float] = (0.0, 1.0),
-                        max_new_tokens: int = 32, repeats: int = 1, seed: int = 0) -> list[dict]:
-    """Speculative vs plain (KV-cached) generation, one row per prompt, temperature, draft and k.
+                        max_new_tokens: int = 32, repeats: int = 1, seed: int = 0) -> Iterator[dict]:
+    """Speculative vs plain (KV-cached) generation, one row per prompt, temperature, draft and k, as measured.
 
-    Speedup is speculative tokens/s over plain tokens/s, each the median of `repeats` runs interleaved (the two
-    produce different tokens when sampling, and a busy machine slows whichever runs at that moment).
+    Speedup is plain seconds per token over speculative seconds per token, each the median of `repeats` interleaved
+    runs (sampling makes the two produce different tokens). CPU time is the steadier figure when other processes
+    share the cores: wall time then also counts the moments this process waited for one.
     """
-    rows = []
     for (label, (text, chat)), t, (name, draft), k in product(prompts.items(), temperatures, drafts.items(), ks):
         run = dict(max_new_tokens=max_new_tokens, temperature=t, seed=seed if t > 0 else None, chat=chat)
-        spec, plain = [], []
-        for _ in range(repeats):
-            spec.append(speculative_generate(target, draft, text, k, **run))
-            tic = time.perf_counter()
-            g = generate(target, text, **run)
-            plain.append(len(g.new_ids) / (time.perf_counter() - tic))
-        s = spec[-1]
-        spec_tps = statistics.median(r.tokens_per_second for r in spec)
-        rows.append({"prompt": label, "temperature": t, "draft": name, "k": k, "tokens": len(s.new_ids),
-                     "acceptance": s.acceptance_rate, "target passes/token": s.target_forward_passes / len(s.new_ids),
-                     "draft passes/token": s.draft_forward_passes / len(s.new_ids),
-                     "draft time share": sum(r.draft_seconds for r in s.rounds) / s.seconds,
-                     "tok/s": spec_tps, "plain tok/s": statistics.median(plain),
-                     "speedup": spec_tps / statistics.median(plain)})
-    return rows
+        pairs = [(_timed(partial(speculative_generate, target, draft, text, k, **run)),
+                  _timed(partial(generate, target, text, **run))) for _ in range(repeats)]
+        spec, plain = zip(*pairs)
+        s = spec[-1][0]
+        draft_s = sum(r.draft_seconds for r in s.rounds)
+        pass_ratio = (draft_s / s.draft_forward_passes) / ((s.seconds - draft_s) / s.target_forward_passes) \
+            if s.draft_forward_passes else float("nan")
+        yield {"prompt": label, "temperature": t, "draft": name, "k": k, "tokens": len(s.new_ids),
+               "acceptance": s.acceptance_rate, "target passes/token": s.target_forward_passes / len(s.new_ids),
+               "draft passes/token": s.draft_forward_passes / len(s.new_ids), "draft pass / target pass": pass_ratio,
+               "speedup (CPU)": statistics.median(c for _, _, c in plain) / statistics.median(c for _, _, c in spec),
+               "speedup (wall)": statistics.median(w for _, w, _ in plain) / statistics.median(w for _, w, _ in spec)}

@@ -1,4 +1,4 @@
-"""Section 八, speculative decoding: the accept/reject rule gives the target's distribution; greedy output is the target's."""
+"""Section 八, speculative decoding: the accept/reject rule keeps the target's distribution; greedy is its own."""
 import dataclasses
 import math
 
@@ -11,20 +11,20 @@ import llmwalk.viz as viz
 from llmwalk.generate import generate
 from llmwalk.head import logit_lens
 from llmwalk.kv_cache import KVCache
-from llmwalk.quantize import eval_text, quantize_model
+from llmwalk.quantize import compare_to_fp32, eval_text, quantize_model
 from llmwalk.speculative import (Draft, EarlyExitDraft, ModelDraft, PromptLookupDraft, draw, early_exit_model,
-                                 lookup, rollback, speculative_generate, top1_agreement, verify)
+                                 lookup, rollback, speculative_generate, verify)
 
 # (text, chat): an answer that copies its prompt (ending in EOS, which prompt lookup proposes together with the
 # chat template's tokens after it), and a continuation with nothing to copy.
 PROMPTS = {"repeat": ("Repeat this sentence exactly: The cat sat on the mat by the door.", True),
            "no copy": ("The history of the printing press", False)}
-N = 24
+N = 16
 
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():
-    """Decoding is memory-bound: one thread is about as fast, and does not stall when other processes share the cores."""
+    """Decoding is memory-bound: one thread is about as fast, and does not stall when other processes share cores."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -41,7 +41,7 @@ def chi2_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
 
 
 def output_counts(outcomes: list[tuple[int, int]], drafts: list[list[int]], vocab: int, k: int) -> list[torch.Tensor]:
-    """For each output position j, counts of the token placed there, over the rounds that reached it.  # -> k+1 × [V]"""
+    """For each output position j, counts of the token placed there by the rounds that reached it.  # -> k+1 × [V]"""
     counts = [torch.zeros(vocab) for _ in range(k + 1)]
     for (accepted, extra), drafted in zip(outcomes, drafts):
         for j, token in enumerate(drafted[:accepted] + [extra]):
@@ -166,10 +166,10 @@ def int8(smollm2):
 
 def test_early_exit_rarely_agrees_with_the_full_model(smollm2, int8):
     """Why early exit drafts badly: the middle layers' top token is seldom the last layer's; int8 nearly always is."""
-    ids = smollm2.tokenizer.encode(eval_text())[:128]
-    agree = top1_agreement(smollm2, {"int8": int8, **{n: early_exit_model(smollm2, n) for n in (6, 15, 24)}}, ids)
-    assert agree["int8"] > 0.9
-    assert all(agree[n] < 0.5 for n in (6, 15, 24)), agree
+    def agreement(other):
+        return compare_to_fp32(smollm2, other, eval_text()[:500]).top1_agreement
+    assert agreement(int8) > 0.9
+    assert all(agreement(early_exit_model(smollm2, n)) < 0.5 for n in (6, 24))
 
 
 # ---------------------------------------------------------------- speculative generation on SmolLM2
@@ -214,7 +214,8 @@ def test_rounds_account_for_every_token(smollm2, drafts, plain):
         assert result.target_forward_passes == len(result.rounds) + 1    # + the prefill
         assert result.draft_forward_passes == (0 if draft == "lookup" else sum(len(r.proposed) for r in result.rounds))
         for r in result.rounds:
-            assert r.proposed == smollm2.tokenizer.pieces(r.proposed_ids) and r.extra == smollm2.tokenizer.pieces([r.extra_id])[0]
+            assert r.proposed == smollm2.tokenizer.pieces(r.proposed_ids)
+            assert r.extra == smollm2.tokenizer.pieces([r.extra_id])[0]
             assert r.bonus == (r.accepted == len(r.proposed_ids))
     drawn = [t.get_text() for t in viz.speculative_timeline(result.rounds).findobj(matplotlib.text.Text)]
     assert drawn.count("✓") == sum(r.accepted for r in result.rounds)
@@ -236,7 +237,7 @@ def test_max_new_tokens_is_exact_when_every_draft_is_accepted(smollm2):
 @pytest.mark.parametrize("draft", ["lookup", "int8"])
 def test_sampling_is_reproducible_with_a_seed(smollm2, drafts, draft):
     text, chat = PROMPTS["repeat"]
-    run = dict(k=3, max_new_tokens=12, temperature=1.0, top_k=50, chat=chat, stop_at_eos=False)
+    run = dict(k=3, max_new_tokens=8, temperature=1.0, top_k=50, chat=chat, stop_at_eos=False)
     first, again = (speculative_generate(smollm2, drafts[draft], text, seed=0, **run) for _ in range(2))
     assert first.new_ids == again.new_ids and first.rounds == again.rounds
     other = speculative_generate(smollm2, drafts[draft], text, generator=torch.Generator().manual_seed(1), **run)

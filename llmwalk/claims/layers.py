@@ -131,6 +131,45 @@ def residual_steps(trace: Trace) -> dict:
             "layer0_growth": float(growth)}
 
 
+def structure_verdict(gap: float, config) -> str:
+    """✓ when the article's recipe reproduces the model with LayerNorm; ≈ with RMSNorm, or when extra (sandwich)
+    norms are what the recipe misses; ✗ otherwise."""
+    if gap < SAME:
+        return HOLDS if config.norm == "layernorm" else ROUGHLY
+    return ROUGHLY if config.sandwich_norm else DIFFERS
+
+
+def sharing_verdict(n_shapes: int, closest: float) -> str:
+    """✓ when every layer has the same tensor shapes and no two layers have (nearly) the same weights."""
+    return HOLDS if n_shapes == 1 and closest > 0.01 else DIFFERS
+
+
+def mask_verdict(future: float, moved: float) -> str:
+    """✓ when no attention weight reaches a later token and earlier positions ignore what follows them."""
+    return HOLDS if future == 0 and moved < SAME else DIFFERS
+
+
+def refinement_verdict(path: dict, n_layer: int) -> str:
+    """✓ when the answer is top-1 at the end and already in the top 10 by the middle of the stack;
+    ≈ when it gets there only in the second half; ✗ when the model does not end on it."""
+    if path["rank"][-1] != 1:
+        return DIFFERS
+    return HOLDS if path["top10_from"] <= n_layer // 2 else ROUGHLY
+
+
+def norm_verdict(spread: dict) -> str:
+    """✓ when the norm shrinks the across-layer spread of vector sizes at least tenfold."""
+    return HOLDS if spread["after_ratio"] * 10 < spread["before_ratio"] else DIFFERS
+
+
+def residual_verdict(steps: dict) -> str:
+    """✓ when each layer keeps its input's direction (cosine ≥ 0.9) and the embedding's direction survives to the
+    end (cosine > 0.5); ≈ when only the first holds; ✗ when layers overwrite the stream."""
+    if steps["median_cos"] < SMALL_STEP:
+        return DIFFERS
+    return HOLDS if steps["x0_vs_last"] > 0.5 else ROUGHLY
+
+
 def _bound(x: float) -> str:
     """A difference that is float round-off, written so that it reads the same on every machine."""
     return "0" if x == 0 else (f"< {SAME:.0e}" if x < SAME else f"{x:.3g}")
@@ -145,13 +184,9 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
     gap = article_layers_gap(model, trace)
     norm_name = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[config.norm]
     extra = " plus a norm after attention and after the FFN (sandwich)" if config.sandwich_norm else ""
-    if gap < SAME:
-        verdict = HOLDS if config.norm == "layernorm" else ROUGHLY
-    else:
-        verdict = ROUGHLY if config.sandwich_norm else DIFFERS
     rows.append(Claim(SECTION, "every layer: LayerNorm → Attention → residual, LayerNorm → FFN → residual (pre-norm)",
                       f"{config.name}: all {L} layers recomputed by that recipe, max |Δ| vs the model = {_bound(gap)}; "
-                      f"the norm is {norm_name}{extra}", verdict))
+                      f"the norm is {norm_name}{extra}", structure_verdict(gap, config)))
 
     shapes = {block_shapes(b) for b in model.weights.blocks}
     i, j, rel = closest_layers(model)
@@ -159,13 +194,13 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
     rows.append(Claim(SECTION, "the layers share the structure, not the parameters",
                       f"{L} layers with identical tensor shapes: {len(shapes) == 1} ({per_layer:,} parameters each); "
                       f"the two most alike query matrices (layers {i} and {j}) differ by {rel:.3g} of their norm",
-                      HOLDS if len(shapes) == 1 and rel > 0.01 else DIFFERS))
+                      sharing_verdict(len(shapes), rel)))
 
     future, moved = future_check(model, trace)
     rows.append(Claim(SECTION, "causal mask: each token sees itself and earlier tokens only",
                       f"attention weight on a later token, over {L} layers × {config.n_head} heads: max {_bound(future)}; "
                       f"removing the last token changes the earlier positions' vectors by {_bound(moved)}",
-                      HOLDS if future == 0 and moved < SAME else DIFFERS))
+                      mask_verdict(future, moved)))
 
     gpt2 = config if config.family == "gpt2" else gpt2_config()
     source = "measured" if config.family == "gpt2" else "published config"
@@ -181,29 +216,21 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
     token = one_token(model.tokenizer, answer)
     path = lens_path(model, trace, token)
     r, p = path["rank"], path["prob"]
-    if r[-1] != 1:
-        verdict = DIFFERS
-    else:
-        verdict = HOLDS if path["top10_from"] <= L // 2 else ROUGHLY
     rows.append(Claim(SECTION, "later layers hold richer vectors than layer 1: refined at every layer",
                       f"logit lens on {prompt!r}: {answer!r} has rank {r[1]:,} after layer 1, {r[L // 2]:,} after layer "
                       f"{L // 2}, enters the top 10 after layer {path['top10_from']} and is top-1 only from layer "
-                      f"{path['top1_from']} of {L} (p = {p[-1]:.4f})", verdict))
+                      f"{path['top1_from']} of {L} (p = {p[-1]:.4f})", refinement_verdict(path, L)))
 
     s = norm_spread(trace)
     rows.append(Claim(SECTION, "LayerNorm pulls each vector back to a standard range",
                       f"median token's RMS entering the norm: {s['before'][0]:.3g} … {s['before'][1]:.4g} across layers "
                       f"(×{s['before_ratio']:.0f}); leaving it: {s['after'][0]:.3g} … {s['after'][1]:.3g} "
                       f"(×{s['after_ratio']:.1f}, the learned scale included)",
-                      HOLDS if s["after_ratio"] * 10 < s["before_ratio"] else DIFFERS))
+                      norm_verdict(s)))
 
     st = residual_steps(trace)
-    if st["median_cos"] < SMALL_STEP:
-        verdict = DIFFERS
-    else:
-        verdict = HOLDS if st["x0_vs_last"] > 0.5 else ROUGHLY
     rows.append(Claim(SECTION, "the residual connection adds the original back: no information is lost",
                       f"each layer's output keeps a median cosine of {st['median_cos']:.3f} with its input; but layer 0 "
                       f"writes ×{st['layer0_growth']:.0f} the embedding's size, and the embedding's direction is gone "
-                      f"by the end (cosine x0 vs last layer: {st['x0_vs_last']:.3f})", verdict))
+                      f"by the end (cosine x0 vs last layer: {st['x0_vs_last']:.3f})", residual_verdict(st)))
     return rows

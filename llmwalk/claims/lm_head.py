@@ -6,6 +6,7 @@ the small model of the three that answers the article's Chinese question in Chin
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import TYPE_CHECKING, Sequence
 
 import torch
@@ -77,6 +78,22 @@ def gemma_contexts(gemma: "Model") -> dict[str, list[int]]:
             GEMMA_QUESTION + "".join(GEMMA_ANSWER_START): tok.encode(GEMMA_QUESTION) + answer}
 
 
+@lru_cache(maxsize=4)
+def _all_pieces(tokenizer) -> tuple[str, ...]:
+    return tuple(tokenizer.pieces(range(tokenizer.vocab_size)))
+
+
+def tokens_starting_with(tokenizer, text: str) -> list[int]:
+    """Ids of every vocabulary entry whose text starts with `text` (Gemma-3: 巴 → 巴, 巴黎, 巴西, 巴士, 巴巴)."""
+    return [i for i, p in enumerate(_all_pieces(tokenizer)) if p.startswith(text)]
+
+
+def next_char_prob(tokenizer, probs: torch.Tensor, char: str) -> float:
+    """P(the next token starts with `char`): the article's P(巴) for a vocabulary that has whole characters
+    and words (for byte-level vocabularies, where 巴 is two byte pieces, use word_probs' chain instead)."""
+    return float(probs[tokens_starting_with(tokenizer, char)].sum())
+
+
 def paris_verdict(stats: dict[str, dict]) -> str:
     """✓ when 巴/巴黎 is the most likely next token; ≈ when it is in the top 5 and above 北/北京; else ✗."""
     best = min(stats[w]["rank"] for w in PARIS)
@@ -145,8 +162,10 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
     else:
         for text, ids in gemma_contexts(gemma).items():
             probs, stats = word_probs(gemma, ids, PARIS + BEIJING)
+            chars = {c: next_char_prob(gemma.tokenizer, probs, c) for c in ("巴", "北")}
             rows.append(Claim(SECTION, f"…on Gemma-3 after {text!r}",
-                              f"{gemma.config.name}: {_top(gemma, probs)}; {_show(stats)}", paris_verdict(stats)))
+                              f"{gemma.config.name}: {_top(gemma, probs)}; {_show(stats)}; next character 巴: "
+                              f"{chars['巴']:.3g}, 北: {chars['北']:.3g}", paris_verdict(stats)))
 
     rows.append(Claim(SECTION, "巴 wins because in training text 法国的首都是… is followed by 巴黎 far more often",
                       "no training corpus here: the models' preferences are measured above, not their causes",

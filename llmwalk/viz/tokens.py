@@ -7,7 +7,7 @@ from ._draw import CHIP_COLORS, Chip, chip_figure
 
 
 def chips(tokenizer, ids) -> list[Chip]:
-    """One chip per token: its piece (\\xNN for a fragment of a character, with a dashed edge) and its id."""
+    """One chip per token: its piece (\\xNN for a fragment of a character, with a grey edge) and its id."""
     return [Chip(piece, str(i), CHIP_COLORS[n % len(CHIP_COLORS)], "#888" if tokenizer.is_fragment(int(i)) else "none")
             for n, (i, piece) in enumerate(zip(ids, tokenizer.pieces(ids)))]
 
