@@ -16,4 +16,5 @@ __version__ = "0.1.0"
 from .sampling import apply_temperature, greedy, min_p_filter, probs_after, sample, surgery, top_k_filter, top_p_filter
 from .cost import flops_by_stage, generation_flops, gpt2_config, llama7b_config, n_params, weight_bytes
 from .quantize import dequantize_model, quantize_model, quantize_tensor, dequantize_tensor
-from . import claims, cost, gguf_blocks, kv_cache, quantize, report, sampling   # noqa: E402  modules by section
+from .speculative import EarlyExitDraft, ModelDraft, PromptLookupDraft, speculative_generate
+from . import claims, cost, gguf_blocks, kv_cache, quantize, report, sampling, speculative   # noqa: E402  modules by section

@@ -101,7 +101,7 @@ class Proposal:
 
 
 class Draft:
-    """Guesses the next tokens. The target calls reset before a generation and rollback after every round."""
+    """Guesses the next tokens. speculative_generate calls reset before a generation, rollback after every round."""
 
     def reset(self, target: Config, capacity: int) -> None:
         """Start a new generation of up to `capacity` tokens (prompt included) for a target of this config."""
