@@ -128,7 +128,7 @@ class _Loop:
         return self.model.tokenizer.pieces([token_id])[0]
 
 
-def _start(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int, temperature: float,
+def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int, temperature: float,
            top_k: int | None, top_p: float | None, min_p: float | None, seed: int | None,
            generator: torch.Generator | None, kv_cache: bool, chat: bool, stop_at_eos: bool, top_n: int,
            head: Tensor | None) -> _Loop:
@@ -177,7 +177,7 @@ def generate_stream(model: "Model", prompt: str | Sequence[int] | Tensor, max_ne
                     kv_cache: bool = True, chat: bool = False, stop_at_eos: bool = True, top_n: int = 5,
                     head: Tensor | None = None) -> Iterator[Step]:
     """`generate`, one Step at a time as each token is chosen (arguments are checked now, not at the first next())."""
-    return _start(model, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, generator, kv_cache,
+    return prepare(model, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, generator, kv_cache,
                   chat, stop_at_eos, top_n, head).steps()
 
 
@@ -194,7 +194,7 @@ def generate(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_token
     the whole prefix every round, as the article's first loop does; the tokens are the same either way.
     head=decoding_head(model), made once and reused, speeds up every token (same numbers, faster memory order).
     """
-    loop = _start(model, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, generator, kv_cache,
+    loop = prepare(model, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, generator, kv_cache,
                   chat, stop_at_eos, top_n, head)
     steps = list(loop.steps())
     new_ids = [s.token_id for s in steps]

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import torch
 from torch import Tensor
 
-from .generate import Generation, _start, generate
+from .generate import Generation, generate, prepare
 from .kv_cache import KVCache
 from .quantize import quantize_model
 from .sampling import probs_after
@@ -278,7 +278,7 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
     tic = time.perf_counter()
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k (tokens drafted per round) must be an int >= 1, got {k!r}")
-    loop = _start(target, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, generator, True, chat,
+    loop = prepare(target, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, generator, True, chat,
                   stop_at_eos, 0, None)
     dist = partial(probs_after, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
     prompt_ids, cache = loop.prompt_ids, loop.cache
