@@ -129,9 +129,9 @@ class _Loop:
 
 
 def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int, temperature: float,
-           top_k: int | None, top_p: float | None, min_p: float | None, seed: int | None,
-           generator: torch.Generator | None, kv_cache: bool, chat: bool, stop_at_eos: bool, top_n: int,
-           head: Tensor | None) -> _Loop:
+            top_k: int | None, top_p: float | None, min_p: float | None, seed: int | None,
+            generator: torch.Generator | None, kv_cache: bool, chat: bool, stop_at_eos: bool, top_n: int,
+            head: Tensor | None) -> _Loop:
     """Check every argument and encode the prompt, before any forward pass."""
     config, tokenizer = model.config, model.tokenizer
     if tokenizer is None:
