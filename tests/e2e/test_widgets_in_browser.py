@@ -15,7 +15,8 @@ def open_and_run_all(page, lab, notebook: str) -> None:
         dialog.click(timeout=15_000)
     except Exception:
         pass
-    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    page.wait_for_function("[...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]"
+                           ".some(e => e.dataset.status === 'idle')", timeout=120_000)     # the kernel is ready
     page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
     page.wait_for_function(
         """() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];
