@@ -78,14 +78,16 @@ def gemma_contexts(gemma: "Model") -> dict[str, list[int]]:
             GEMMA_QUESTION + "".join(GEMMA_ANSWER_START): tok.encode(GEMMA_QUESTION) + answer}
 
 
-@lru_cache(maxsize=4)
-def _all_pieces(tokenizer) -> tuple[str, ...]:
-    return tuple(tokenizer.pieces(range(tokenizer.vocab_size)))
+@lru_cache(maxsize=16)
+def _starting_with(tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(i for i, p in enumerate(tokenizer.pieces(range(tokenizer.vocab_size))) if p.startswith(text))
 
 
 def tokens_starting_with(tokenizer, text: str) -> list[int]:
-    """Ids of every vocabulary entry whose text starts with `text` (Gemma-3: 巴 → 巴, 巴黎, 巴西, 巴士, 巴巴)."""
-    return [i for i, p in enumerate(_all_pieces(tokenizer)) if p.startswith(text)]
+    """Ids of every vocabulary entry whose text starts with `text` (Gemma-3: 巴 → 巴, 巴黎, 巴西, 巴士, 巴巴).
+
+    A scan of the whole vocabulary, remembered per (tokenizer, text)."""
+    return list(_starting_with(tokenizer, text))
 
 
 def next_char_prob(tokenizer, probs: torch.Tensor, char: str) -> float:

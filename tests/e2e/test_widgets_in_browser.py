@@ -42,6 +42,12 @@ def wait_for_new_figure(page, cell, before: str) -> str:
     return figure(cell)
 
 
+def readout(page, cell, label: str) -> str:
+    """The value shown next to the slider labelled `label`."""
+    slider = cell.locator(".widget-slider").filter(has=page.locator(f".widget-label:text-is('{label}')")).first
+    return slider.locator(".widget-readout").first.inner_text()
+
+
 def move_slider(page, cell, label: str, presses: int, key: str = "ArrowRight") -> str:
     """Move the slider labelled `label` with the keyboard, as a learner would with arrow keys; return its readout."""
     slider = cell.locator(".widget-slider").filter(has=page.locator(f".widget-label:text-is('{label}')")).first
@@ -77,9 +83,10 @@ def test_attention_layer_and_head_selectors(page, lab, shots_dir):
     cell = widget_cell(page, "layer")
     cell.screenshot(path=str(shots_dir / "04_attention_before.png"))
     before = figure(cell)
-    assert move_slider(page, cell, "layer", 5) == "5"
+    layer, head = int(readout(page, cell, "layer")), int(readout(page, cell, "head"))
+    assert move_slider(page, cell, "layer", 3, "ArrowLeft") == str(layer - 3)
     after_layer = wait_for_new_figure(page, cell, before)
-    assert move_slider(page, cell, "head", 2) == "2"
+    assert move_slider(page, cell, "head", 2, "ArrowLeft") == str(head - 2)
     after_head = wait_for_new_figure(page, cell, after_layer)
     assert len({before, after_layer, after_head}) == 3
     cell.screenshot(path=str(shots_dir / "04_attention_after.png"))
