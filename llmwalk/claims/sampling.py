@@ -24,11 +24,11 @@ QUESTION = "法国的首都是什么"                  # the article's question,
 NARROW = "The capital of France is"           # one answer dominates
 WIDE = "My favourite food is"                 # many answers are fine
 LOOP_PROMPT = "I like cats. I like dogs. I like"
-LOOP_TOKENS = 40
+LOOP_TOKENS = 32
 CHAT_PROMPT = "Write one sentence about the sea."
 TEMPERATURES = (0.0, 0.2, 0.7, 1.0, 1.5)      # 0 is greedy
 SEEDS = (0, 1)
-STUDY_TOKENS = 24
+STUDY_TOKENS = 16
 TOP_K = 50
 TOP_P = 0.9
 
@@ -182,8 +182,10 @@ def _temperature_claims(narrow: Tensor, runs: Sequence[Run]) -> list[Claim]:
               f"{len(runs) // len(s)} answers per T to '{CHAT_PROMPT}': distinct-2 "
               + ", ".join(f"{_f(v['distinct_2'])}" for v in s.values())
               + "; mean log p " + ", ".join(f"{_f(v['mean_logprob'])}" for v in s.values())
-              + f" (T = {', '.join(f'{t:g}' for t in s)}): more variety, less natural text as T rises. "
-              "Where the sweet spot lies is a choice, not a measurement",
+              + f" (T = {', '.join(f'{t:g}' for t in s)}): "
+              + ("more variety, less natural text as T rises (T > 0). Where the sweet spot lies is a choice, "
+                 "not a measurement" if more_variety and less_natural else
+                 "no steady trade-off between variety and naturalness as T rises"),
               "≈ roughly" if more_variety and less_natural else "✗ differs"),
     ]
 

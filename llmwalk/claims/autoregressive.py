@@ -1,0 +1,178 @@
+"""Section 七 measured: the rounds of the loop, where it stops, how many forward passes it makes, what they cost.
+
+`claims(model, gemma=None)` returns one row per claim of the section. The forward passes are counted by
+`recorded_passes`, which watches every call generate() makes to `forward`; the FLOPs come from cost.py, whose
+matrix-product counts agree with torch's own FLOP counter (checked here on the last round).
+"""
+from __future__ import annotations
+
+import importlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Sequence
+
+from .. import cost
+from ..generate import Generation, decoding_head, generate
+from ..kv_cache import KVCache
+from ..report import Claim
+
+if TYPE_CHECKING:
+    from ..models import Model
+
+SECTION = "七"
+QUESTION = "法国的首都是什么"                 # SmolLM2: through its chat template
+GEMMA_PROMPT = "法国的首都是什么？\n"         # Gemma-3-270M is a base model: a plain question and a new line
+ENGLISH = "What is the capital of France?"   # SmolLM2 answers this one in one sentence and stops
+ARTICLE_ROUNDS = ("巴", "黎", "。", "[EOS]")
+ROUNDS = 16                                  # rounds shown for the Chinese question
+N = 50                                       # the article's "generating 50 tokens"
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One call to forward during generation: the token ids that went in, and how many layers ran on them."""
+
+    ids: tuple[int, ...]
+    layers: int
+
+
+@contextmanager
+def recorded_passes() -> Iterator[list[Pass]]:
+    """Record every forward pass generate() makes while the block runs.
+
+        with recorded_passes() as passes:
+            generate(model, "Hello", 5, kv_cache=False)
+        [len(p.ids) for p in passes]        # the tokens each round ran through the model
+    """
+    module = importlib.import_module("llmwalk.generate")      # the module: llmwalk.generate is also the function
+    real, passes = module.forward, []
+
+    def spy(model, ids, *args, **kwargs):
+        trace = real(model, ids, *args, **kwargs)
+        layers = sum(1 for name in trace.seconds if name.startswith("layer "))
+        passes.append(Pass(tuple(int(i) for i in ids), layers))
+        return trace
+
+    module.forward = spy
+    try:
+        yield passes
+    finally:
+        module.forward = real
+
+
+def answer_text(g: Generation) -> str:
+    """The generated tokens as one line of text, with [EOS] where generation stopped at an end token."""
+    return g.text.replace("\n", "↵") + (" [EOS]" if g.stopped == "eos" else "")
+
+
+def first_rounds(model: "Model", g: Generation, n: int) -> Generation:
+    """What generate(..., n) would have returned: the first n rounds of a longer run, up to an end token."""
+    eos = set(model.config.eos_token_ids) | set(model.tokenizer.eos_token_ids)
+    steps = g.steps[:n]
+    end = next((k for k, s in enumerate(steps) if s.token_id in eos), None)
+    steps = steps if end is None else steps[:end + 1]
+    ids = [s.token_id for s in steps]
+    text = model.tokenizer.decode(ids if end is None else ids[:-1])
+    return Generation(g.prompt_ids, ids, text, steps, "max_new_tokens" if end is None else "eos")
+
+
+def rounds_verdict(g: Generation) -> str:
+    """✓ if the answer goes 巴, 黎, 。, [EOS] as the article's rounds do; ≈ if 巴黎 comes out some other way; else ✗."""
+    pieces = tuple("[EOS]" if k == len(g.steps) - 1 and g.stopped == "eos" else s.token
+                   for k, s in enumerate(g.steps))
+    if pieces[:len(ARTICLE_ROUNDS)] == ARTICLE_ROUNDS:
+        return "✓ holds"
+    return "≈ roughly" if "巴黎" in g.text else "✗ differs"
+
+
+def round_flops(config, prompt_len: int, n: int = N, kv_cache: bool = True) -> list[int]:
+    """FLOPs of each of the n rounds (cost.py's count). With a cache round 1 runs the whole prompt (prefill) and every
+    later round one token; without one, round k runs the prompt and the k − 1 tokens chosen so far."""
+    if kv_cache:
+        return ([sum(cost.flops_by_stage(config, prompt_len, last_only=True).values())]
+                + [sum(cost.decode_step_flops(config, prompt_len + k).values()) for k in range(1, n)])
+    return [sum(cost.decode_step_flops(config, prompt_len + k, kv_cache=False).values()) for k in range(n)]
+
+
+def _rounds_claim(model: "Model", gemma: "Model | None", smol_zh: Generation) -> Claim:
+    if gemma is not None:
+        g = generate(gemma, GEMMA_PROMPT, ROUNDS, head=decoding_head(gemma))
+        who = f"Gemma-3-270M, {GEMMA_PROMPT!r}"
+    else:
+        g = smol_zh
+        who = f"{model.config.name}, chat template ({QUESTION})"
+    hit = next((s for s in g.steps if "巴" in s.token), None)
+    where = (f"; {hit.token!r} is one token, chosen in round {hit.index} with p = {hit.top[0][2]:.3g}"
+             if hit else "; no 巴 at all")
+    return Claim(SECTION, "Round 1 → 巴, round 2 → 黎, round 3 → 。, round 4 → [EOS]",
+                 f"{who}, greedy, {len(g.steps)} rounds: '{answer_text(g)}'{where}", rounds_verdict(g))
+
+
+def _eos_claim(model: "Model", english: Generation, smol_zh: Generation) -> Claim:
+    eos = english.stopped == "eos"
+    last = english.steps[-1]
+    return Claim(SECTION, "The loop ends when the model picks the end token [EOS]",
+                 f"{model.config.name}, chat template, {ENGLISH!r} → {english.text!r}, then "
+                 f"{last.token!r} (id {last.token_id}) in round {last.index}: stopped = {english.stopped!r}. "
+                 f"The Chinese question: {'an end token' if smol_zh.stopped == 'eos' else 'no end token'} in "
+                 f"{len(smol_zh.steps)} rounds",
+                 "✓ holds" if eos and last.token_id in model.config.eos_token_ids else "✗ differs")
+
+
+def _append_claim(model: "Model", english: Generation, passes: Sequence[Pass],
+                  cached: Sequence[Pass]) -> Claim:
+    appended = all(b.ids == a.ids + (s.token_id,) for a, b, s in zip(passes, passes[1:], english.steps))
+    full = all(p.layers == model.config.n_layer for p in list(passes) + list(cached))
+    lens = [len(p.ids) for p in passes]
+    return Claim(SECTION, "The chosen token is appended and the whole stack runs again",
+                 f"without a KV cache, round k + 1 runs round k's tokens plus the one chosen: "
+                 f"{'yes' if appended else 'no'}, through all {model.config.n_layer} layers: "
+                 f"{'yes' if full else 'no'} ({', '.join(map(str, lens[:4]))}, … tokens). With a cache only the "
+                 f"new token runs ({', '.join(str(len(p.ids)) for p in cached[:4])}, …), still through every layer",
+                 "✓ holds" if appended and full and len(passes) == len(english.steps) else "✗ differs")
+
+
+def _passes_claim(model: "Model", passes: Sequence[Pass]) -> Claim:
+    full = sum(p.layers == model.config.n_layer for p in passes)
+    return Claim(SECTION, f"Generating {N} tokens runs {N} complete forward passes",
+                 f"{len(passes)} calls to forward for {N} new tokens, {full} of them through all "
+                 f"{model.config.n_layer} layers",
+                 "✓ holds" if len(passes) == N and full == N else "✗ differs")
+
+
+def _linear_claim(model: "Model", prompt_ids: Sequence[int], new_ids: Sequence[int]) -> Claim:
+    from ..cost import flops_by_stage, matmul_flops, measured_flops
+    config, p = model.config, len(prompt_ids)
+    rerun, cached = round_flops(config, p, N, kv_cache=False), round_flops(config, p, N, kv_cache=True)
+    grow_rerun, grow_cached = rerun[-1] / rerun[0], cached[-1] / cached[1]      # last round vs first (decode) round
+    # torch's FLOP counter on round N, both ways: the count above is what forward really multiplies.
+    last = list(prompt_ids) + list(new_ids[:N - 1])
+    cache = KVCache.empty(config, len(last))
+    measured_flops(model, last[:-1], cache=cache, last_only=True)                 # fill the cache (not compared)
+    counted = (measured_flops(model, last, last_only=True), measured_flops(model, last[-1:], cache, last_only=True))
+    formula = (matmul_flops(flops_by_stage(config, len(last), last_only=True)),
+               matmul_flops(flops_by_stage(config, 1, cached=len(last) - 1, last_only=True)))
+    flat_cached, flat_rerun = grow_cached < 1.1, grow_rerun < 1.1          # every round costs about the same
+    verdict = "✓ holds" if flat_cached and flat_rerun else "≈ roughly" if flat_cached else "✗ differs"
+    g = lambda x: f"{x / 1e9:.3g} GFLOPs"                                                     # noqa: E731
+    return Claim(SECTION, "…so the cost adds up linearly",
+                 f"prompt of {p} tokens, {N} new. Rerunning the prefix (the article's loop): round 1 costs "
+                 f"{g(rerun[0])}, round {N} {g(rerun[-1])} (×{grow_rerun:.3g}), {g(sum(rerun))} in all: every round "
+                 f"is longer, so the total grows with the square of the length. With a KV cache: the prompt {g(cached[0])}, "
+                 f"then {g(cached[1])} per round (round {N}: ×{grow_cached:.3g}), {g(sum(cached))} in all: linear. "
+                 f"torch's FLOP counter agrees on round {N}: {'yes' if counted == formula else 'no'}", verdict)
+
+
+def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
+    """Section 七, measured on `model` (SmolLM2); the article's Chinese rounds on `gemma` when it is given."""
+    head = decoding_head(model)
+    with recorded_passes() as long_run:
+        smol_zh = generate(model, QUESTION, N, chat=True, stop_at_eos=False, head=head)
+    first = first_rounds(model, smol_zh, ROUNDS)
+    with recorded_passes() as recomputed:
+        english = generate(model, ENGLISH, ROUNDS, chat=True, kv_cache=False, head=head)
+    with recorded_passes() as cached:
+        generate(model, ENGLISH, 4, chat=True, head=head)
+    return [_rounds_claim(model, gemma, first), _eos_claim(model, english, first),
+            _append_claim(model, english, recomputed, cached), _passes_claim(model, long_run),
+            _linear_claim(model, smol_zh.prompt_ids, smol_zh.new_ids)]

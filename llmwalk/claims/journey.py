@@ -1,0 +1,247 @@
+"""Section 九's claims, measured, and every section's claims in one list (notebook 09's closing table).
+
+`claims(model, gemma=None)` checks the conclusion's two sentences: the whole chain, from the input to [EOS], on a
+real answer that stops by itself; and "9 tokens in, 50 out, about 18 billion FLOPs", counted for GPT-2 small's
+architecture and for the model passed in, with and without a KV cache. `all_claims` calls every section's own
+`claims` (二 to 九, in the article's order): nothing is measured twice here.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+
+from .. import cost
+from ..generate import Generation, generate
+from ..report import Claim, Table, table
+from ..sampling import probs_after
+from ..tokens import gpt2_tokenizer
+from ..walk import Trace, forward
+from .autoregressive import GEMMA_PROMPT, Pass, recorded_passes
+from .cost import ratio_verdict
+from .sampling import TOP_P
+from .tokenization import DIFFERS, HOLDS, QUESTION_MARKED, ROUGHLY
+
+if TYPE_CHECKING:
+    from ..journey import Journey
+    from ..models import Model
+
+SECTION = "九"
+ENGLISH = "What is the capital of France?"   # SmolLM2, chat template: one sentence, then the end token
+TEMPERATURE, SEED = 0.7, 0                   # "Top-P 采样" with a chat temperature (section 六: T ≈ 0.7–1.0)
+PROMPT_LEN, NEW_TOKENS = 9, 50               # "输入 9 个 Token、输出 50 个 Token"
+ARTICLE_FLOPS = 18e9                         # "一次推理约 180 亿次浮点运算"
+GEMMA_TOKENS = 20                            # rounds given to Gemma-3 (a base model) on the Chinese question
+
+
+# ---------------------------------------------------------------- section 一: the one second
+
+def timings(j: "Journey") -> dict[str, float]:
+    """Wall-clock seconds of a journey: the first token stage by stage, and the answer loop (KV cache, greedy).
+
+    These change from run to run and machine to machine: show them in a cell nbval ignores.
+    """
+    steps = j.answer.steps
+    return {"first_token": sum(j.seconds.values()),
+            "answer_first_token": steps[0].seconds,
+            "per_token": sum(s.seconds for s in steps[1:]) / max(len(steps) - 1, 1),
+            "answer": sum(s.seconds for s in steps),
+            "tokens": len(steps)}
+
+
+def first_word_round(model: "Model", g: Generation, word: str) -> int | None:
+    """The round in which `word` is complete in the answer (1 = the first token), None if it never is."""
+    for k in range(1, len(g.new_ids) + 1):
+        if word in model.tokenizer.decode(g.new_ids[:k]):
+            return k
+    return None
+
+
+def one_second_claims(model: "Model", j: "Journey", zh: "Journey | None" = None, gemma: "Model | None" = None,
+                      gemma_j: "Journey | None" = None) -> list[Claim]:
+    """Section 一: "a second later the answer is on screen", and "巴" is the first word to appear.
+
+    j: the journey of an English prompt; zh: the chat-templated Chinese question on the same model; gemma_j:
+    Gemma-3's journey on GEMMA_PROMPT. The first row holds wall-clock times: it is different on every run.
+    """
+    t, c = timings(j), model.config
+    first = sum(cost.flops_by_stage(c, len(j.ids), last_only=True).values())
+    whole = cost.generation_flops(c, len(j.ids), t["tokens"])
+    when = HOLDS if t["answer"] < 1 else ROUGHLY if t["first_token"] < 1 else DIFFERS
+    rows = [Claim("一", "一秒钟后，屏幕上出现了答案 — a second after Enter the answer is on the screen",
+                  f"{c.name} on this machine ({torch.get_num_threads()} CPU threads), {j.prompt!r}: first token "
+                  f"{1000 * t['first_token']:.0f} ms; the whole answer, {t['tokens']} tokens, "
+                  f"{1000 * t['answer']:.0f} ms ({1000 * t['per_token']:.0f} ms per token after the first). "
+                  f"The work behind it: {first / 1e6:.4g} M FLOPs for the first token, {whole / 1e9:.4g} B for the "
+                  f"answer (wall-clock: different on every run)", when)]
+    piece = lambda m, i: repr(m.tokenizer.decode([i]))                                              # noqa: E731
+    said = [f"{c.name}, {j.prompt!r}: {piece(model, j.first_token)} first (p = {float(j.probs[j.first_token]):.3g})"]
+    if zh is not None:
+        said.append(f"chat-templated {zh.prompt!r}: {piece(model, zh.first_token)} first, {zh.answer.text!r}")
+    round_ = None
+    if gemma_j is not None and gemma is not None:
+        round_ = first_word_round(gemma, gemma_j.answer, "巴")
+        said.append(f"Gemma-3-270M, {gemma_j.prompt!r}: {piece(gemma, gemma_j.first_token)} first, "
+                    f"{gemma_j.answer.text!r}" + (f": 巴 in round {round_}" if round_ else ": no 巴"))
+    paris_first = "Paris" in model.tokenizer.decode([j.first_token])
+    restated = [g for g in (zh, gemma_j) if g is not None and not g.answer.text.startswith("巴")]
+    note = ". Asked the question, the models first restate it: 巴 is not the first thing to appear" if restated else ""
+    verdict = ROUGHLY if paris_first or round_ else DIFFERS
+    rows.append(Claim("一", "从按下回车到“巴”字出现 — from Enter until 巴 (Paris) appears",
+                      "; ".join(said) + note, verdict))
+    return rows
+
+
+# ---------------------------------------------------------------- the chain, measured
+
+def chain_run(model: "Model", prompt: str = ENGLISH, chat: bool = True, max_new_tokens: int = NEW_TOKENS,
+              temperature: float = TEMPERATURE, top_p: float = TOP_P,
+              seed: int = SEED) -> tuple[Trace, Generation, list[Pass]]:
+    """The article's chain on one prompt: the first pass traced in full, then the loop as the article runs it.
+
+    The loop samples with top-p and temperature and reruns the whole sequence every round (no KV cache), so
+    every recorded pass holds the previous pass's tokens plus the token chosen after it.
+    """
+    ids = model.tokenizer.encode(prompt, chat=chat)
+    trace = forward(model, ids)
+    with recorded_passes() as passes:
+        answer = generate(model, ids, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                          kv_cache=False)
+    return trace, answer, passes
+
+
+def chain_check(model: "Model", trace: Trace, answer: Generation, passes: Sequence[Pass],
+                temperature: float = TEMPERATURE, top_p: float = TOP_P) -> dict:
+    """Every link of the article's chain, checked on chain_run's result."""
+    c, t = model.config, len(answer.prompt_ids)
+    probs = trace.probs[-1]
+    nucleus = probs_after(trace.logits[-1], temperature, top_p=top_p)
+    first = answer.new_ids[0]
+    eos = set(c.eos_token_ids) | set(model.tokenizer.eos_token_ids)
+    return {
+        "tokens": t,
+        "embedding": tuple(trace.x0.shape),
+        "layers": len(trace.layers),
+        "layer_shapes_kept": all(tuple(b.resid_post.shape) == (t, c.d_model) for b in trace.layers),
+        "final": tuple(trace.final.shape),
+        "logits": tuple(trace.logits[-1].shape),
+        "softmax_sum": float(probs.sum()),
+        "nucleus": int((nucleus > 0).sum()),
+        "first": first,
+        "first_in_nucleus": bool(nucleus[first] > 0),
+        "same_first_pass": passes[0].ids == tuple(answer.prompt_ids),
+        "appended": all(b.ids == a.ids + (s.token_id,) for a, b, s in zip(passes, passes[1:], answer.steps)),
+        "full_stack": all(p.layers == c.n_layer for p in passes),
+        "pass_lengths": [len(p.ids) for p in passes],
+        "rounds": len(answer.steps),
+        "stopped": answer.stopped,
+        "ends_with_eos": answer.stopped == "eos" and answer.new_ids[-1] in eos,
+    }
+
+
+CHAIN_LINKS = {                              # chain_check's keys, as the table shows them
+    "tokens": "输入 → Token 化: ids", "embedding": "Embedding: [T, d_model]", "layers": "N: layers run",
+    "layer_shapes_kept": "every layer keeps [T, d_model]", "final": "final norm (not in the article's chain)",
+    "logits": "LM Head: logits of the last position", "softmax_sum": "Softmax: the probabilities sum to",
+    "nucleus": "Top-P: tokens kept", "first": "输出词: the token drawn in round 1",
+    "first_in_nucleus": "…one of the tokens top-p kept", "same_first_pass": "round 1 runs the prompt",
+    "appended": "加回输入: each pass = the one before + the token chosen", "full_stack": "重复: every pass runs all layers",
+    "pass_lengths": "tokens per pass", "rounds": "rounds", "stopped": "stopped because of",
+    "ends_with_eos": "[EOS]: the last token is an end token"}
+
+
+def chain_table(model: "Model", check: dict) -> Table:
+    """chain_check's result as a table, one link a row, the verdict in the title."""
+    show = {"first": lambda i: f"{model.tokenizer.pieces([i])[0]!r} (id {i})",
+            "pass_lengths": lambda x: ", ".join(map(str, x))}
+    rows = [(CHAIN_LINKS[k], show.get(k, lambda x: x)(v)) for k, v in check.items()]
+    return table(rows, ("link", "measured"), f"the article's chain, link by link: {chain_verdict(check)}")
+
+
+def chain_verdict(check: dict) -> str:
+    """✓ when every link holds and the answer stops at the end token by itself; else ✗."""
+    links = ("layer_shapes_kept", "first_in_nucleus", "same_first_pass", "appended", "full_stack", "ends_with_eos")
+    return HOLDS if all(check[k] for k in links) and abs(check["softmax_sum"] - 1) < 1e-4 else DIFFERS
+
+
+def _chain_claim(model: "Model", gemma: "Model | None") -> Claim:
+    trace, answer, passes = chain_run(model)
+    k, c = chain_check(model, trace, answer, passes), model.config
+    piece = lambda i: repr(model.tokenizer.pieces([i])[0])                                   # noqa: E731
+    lens = k["pass_lengths"]
+    text = (f"{c.name}, {ENGLISH!r} in its chat template: {k['tokens']} ids → embedding "
+            f"[{k['embedding'][0]}, {k['embedding'][1]}] → {k['layers']} × (attention + FFN), each keeping "
+            f"[{k['tokens']}, {c.d_model}] → final norm (a link the article leaves out) → LM head: "
+            f"{k['logits'][0]} logits → softmax (sum {k['softmax_sum']:.4f}) → top-p {TOP_P} at T = {TEMPERATURE} "
+            f"keeps {k['nucleus']} tokens → {piece(k['first'])} → appended and rerun: {len(lens)} passes of "
+            f"{lens[0]}, {lens[1] if len(lens) > 1 else ''}… {lens[-1]} tokens, each one token longer and through "
+            f"all {c.n_layer} layers: {'yes' if k['appended'] and k['full_stack'] else 'no'} → stopped at "
+            f"{piece(answer.new_ids[-1])} (stopped = {answer.stopped!r}) after {k['rounds']} tokens: "
+            f"{answer.text!r}")
+    if gemma is not None:
+        g = generate(gemma, GEMMA_PROMPT, GEMMA_TOKENS)
+        text += (f". Gemma-3-270M, a base model, greedy on {GEMMA_PROMPT!r}: {g.text!r}… "
+                 f"{'then its end token' if g.stopped == 'eos' else f'and no end token in {GEMMA_TOKENS} rounds'}: "
+                 f"only a model trained to say [EOS] stops by itself; the others stop at max_new_tokens")
+    return Claim(SECTION, "Input → Token 化 → Embedding → N × (Attention/FFN) → LM Head → Softmax → Top-P 采样 → "
+                 "output token → append → repeat … until [EOS]", text, chain_verdict(k))
+
+
+# ---------------------------------------------------------------- 9 in, 50 out, 18 billion FLOPs
+
+def budget(config, prompt_len: int = PROMPT_LEN, new_tokens: int = NEW_TOKENS) -> dict[str, int]:
+    """FLOPs of one answer (cost.py's count), with and without a KV cache, and the article's rule (50 × 3 × params)."""
+    return {"kv_cache": cost.generation_flops(config, prompt_len, new_tokens, kv_cache=True),
+            "no_cache": cost.generation_flops(config, prompt_len, new_tokens, kv_cache=False),
+            "article_rule": new_tokens * 3 * cost.n_params(config)}
+
+
+def _b(x: float) -> str:
+    return f"{x / 1e9:.4g} B"
+
+
+def _budget_claim(model: "Model") -> Claim:
+    gpt2 = model.config if model.config.family == "gpt2" and model.config.d_model == 768 else cost.gpt2_config()
+    g, m = budget(gpt2), budget(model.config)
+    n_question = len(gpt2_tokenizer().encode(QUESTION_MARKED))
+    return Claim(SECTION, f"{PROMPT_LEN} input tokens, {NEW_TOKENS} output tokens: about 180 亿 (18 B) FLOPs "
+                 f"for {NEW_TOKENS} words",
+                 f"GPT-2 small, {PROMPT_LEN} tokens in, {NEW_TOKENS} out: {_b(g['kv_cache'])} FLOPs with a KV cache "
+                 f"({g['kv_cache'] / ARTICLE_FLOPS:.2f}× the article's figure), {_b(g['no_cache'])} rerunning the "
+                 f"prefix every round (the article's own loop); the article's rule 50 × 3 × {cost.n_params(gpt2) / 1e6:.1f} M "
+                 f"parameters gives {_b(g['article_rule'])}. {model.config.name}, same lengths: {_b(m['kv_cache'])} "
+                 f"with a cache, {_b(m['no_cache'])} without. GPT-2 cuts {QUESTION_MARKED} into {n_question} tokens; "
+                 f"and a token is not a word (section 二)",
+                 ratio_verdict(g["kv_cache"], ARTICLE_FLOPS))
+
+
+def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
+    """Section 九, measured on `model` (SmolLM2 offline); Gemma-3's Chinese answer is added when `gemma` is given."""
+    return [_chain_claim(model, gemma), _budget_claim(model)]
+
+
+# ---------------------------------------------------------------- every section
+
+def all_claims(model: "Model", gemma: "Model | None" = None, seconds: dict[str, float] | None = None) -> list[Claim]:
+    """Every section's claims (二 to 九) in the article's order, each measured by its own module.
+
+    Pass a dict as `seconds` to get the wall time each section took (by section number).
+    """
+    from . import autoregressive, cost as cost_claims, embedding, layers, lm_head, sampling, tokenization
+    others = [m for m in (gemma,) if m is not None]
+    sections = (("二", lambda: tokenization.claims({m.config.name: m.tokenizer for m in (model, *others)})),
+                ("三", lambda: embedding.claims(model, others)),
+                ("四", lambda: layers.claims(model)),
+                ("五", lambda: lm_head.claims(model, gemma)),
+                ("六", lambda: sampling.claims(model)),
+                ("七", lambda: autoregressive.claims(model, gemma)),
+                ("八", lambda: cost_claims.claims(model)),
+                ("九", lambda: claims(model, gemma)))
+    rows: list[Claim] = []
+    for section, measure in sections:
+        tic = time.perf_counter()
+        rows += measure()
+        if seconds is not None:
+            seconds[section] = time.perf_counter() - tic
+    return rows

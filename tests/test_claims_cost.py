@@ -1,0 +1,201 @@
+"""The claims of section 八: one row per claim, values equal to independent computations, verdicts that follow
+from the numbers."""
+import dataclasses
+import re
+
+import pytest
+import torch
+
+import llmwalk as lw
+from llmwalk import cost
+from llmwalk.claims import cost as c8
+from llmwalk.quantize import dynamic_int8_logits, quantize_model
+from llmwalk.speculative import BENCH_PROMPTS
+
+VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def rows(smollm2):
+    return c8.claims(smollm2)
+
+
+def number(pattern: str, text: str) -> float:
+    """The first number captured by `pattern` in `text`."""
+    found = re.search(pattern, text)
+    assert found, f"{pattern!r} not in {text!r}"
+    return float(found.group(1).replace(",", ""))
+
+
+# ---------------------------------------------------------------- independent arithmetic for GPT-2 small
+
+L, D, H, DH, FF, V, CTX = 12, 768, 12, 64, 3072, 50257, 1024
+MATRICES = 4 * D * D + 2 * D * FF                        # q, k, v, o and the two MLP matrices of one layer
+
+
+def gpt2_pass(tokens: int, keys: int, out: int) -> int:
+    """FLOPs of one GPT-2 small pass: matrices, scores and mixing, LayerNorms (8 per number), head on `out` rows."""
+    return (2 * tokens * L * MATRICES + 2 * 2 * L * H * DH * tokens * keys
+            + 8 * (2 * L * tokens + out) * D + 2 * out * D * V)
+
+
+def test_one_row_per_claim_of_section_8(rows):
+    # architecture, ×3 rule, 50 tokens, per-token list, LLaMA 56×, KV cache, INT8, INT4, speculative decoding
+    assert len(rows) == 9
+    assert all(isinstance(c, lw.Claim) and c.section == "八" and c.verdict in VERDICTS for c in rows)
+    assert "56×" in rows[4].article and "KV cache" in rows[5].article and "Speculative" in rows[8].article
+
+
+def test_no_wall_clock_numbers_in_the_table(rows):
+    for c in rows:
+        assert not re.search(r"\d\s*(ms|µs|s)\b|tokens?/s", c.measured), c.measured
+
+
+def test_gpt2_architecture_row(rows):
+    by_hand = V * D + CTX * D + L * (MATRICES + (3 * D + D + FF + D) + 4 * D) + 2 * D
+    assert by_hand == cost.n_params(cost.gpt2_config()) == 124_439_808
+    claim = rows[0]
+    assert "12 layers, d_model 768, 12 heads; 124,439,808 parameters" in claim.measured
+    assert number(r"([\d.]+) % above 120 M", claim.measured) == pytest.approx(100 * (by_hand / 120e6 - 1), abs=0.05)
+    assert claim.verdict == "✓ holds"                 # 3.7 % above "about 120 million"
+
+
+def test_times_three_rule_row(rows, smollm2):
+    real = gpt2_pass(1, 9, 1)
+    assert real == sum(cost.decode_step_flops(cost.gpt2_config(), 9).values())
+    claim = rows[1]
+    assert number(r"GPT-2 small \(the 9th, earlier ones cached\): ([\d.]+) M", claim.measured) == pytest.approx(real / 1e6, rel=1e-3)
+    assert number(r"× 3 would give ([\d.]+) M", claim.measured) == pytest.approx(3 * 124_439_808 / 1e6, rel=1e-3)
+    # torch's own count on SmolLM2: every matrix weight (tied head once) in one multiply-add, plus attention over 9 keys
+    c = smollm2.config
+    weights = c.n_layer * sum(i * o for i, o in cost.block_matrices(c).values()) + c.vocab_size * c.d_model
+    attention = 2 * 2 * c.n_layer * c.n_head * c.d_head * 9
+    assert c8.decode_step_measured(smollm2) == 2 * weights + attention
+    assert number(r"counted by torch as it runs: ([\d.]+) M", claim.measured) == pytest.approx((2 * weights + attention) / 1e6, rel=1e-3)
+    assert 1.9 < real / cost.n_params(cost.gpt2_config()) < 2.1          # the real rule: ≈ 2 × parameters
+    assert claim.verdict == "≈ roughly"               # 360 M vs 247.5 M: within a factor of 2, not within 10 %
+
+
+def test_fifty_tokens_row(rows):
+    cached = gpt2_pass(9, 9, 1) + sum(gpt2_pass(1, 9 + k, 1) for k in range(1, 50))
+    recomputed = sum(gpt2_pass(9 + k, 9 + k, 1) for k in range(50))
+    est = cost.article_estimate(cost.gpt2_config(), 9, 50)
+    assert (est["flops_answer_kv_cache"], est["flops_answer_no_cache"]) == (cached, recomputed)
+    claim = rows[2]
+    assert number(r"([\d.]+) B FLOPs with a KV cache", claim.measured) == pytest.approx(cached / 1e9, rel=1e-3)
+    assert number(r"([\d.]+) B without a cache", claim.measured) == pytest.approx(recomputed / 1e9, rel=1e-3)
+    assert claim.verdict == "≈ roughly"               # 18 B vs 13.79 B
+
+
+def test_per_token_structure_row(rows, smollm2):
+    gpt2 = c8.structure(cost.gpt2_config())
+    assert gpt2["embedding look-ups"] == 18 and gpt2["norms per layer"] == 2 and gpt2["LM head"] == (768, 50257)
+    mine = c8.structure(smollm2)
+    trace = lw.forward(smollm2, c8.prompt_ids(smollm2, 9))
+    assert mine["embedding look-ups"] == trace.tok_emb.shape[0] == 9 and trace.pos_emb is None
+    assert mine["layers"] == len(smollm2.weights.blocks) == 30
+    assert mine["norms per layer"] == 2 and mine["final norm"] == 1
+    assert mine["LM head"] == (576, 49152) == tuple(smollm2.weights.output.shape[::-1])
+    assert "18 rows for a 9-token prompt" in rows[3].measured
+    assert rows[3].verdict == "≈ roughly"             # the layers match; look-ups and the final norm do not
+    assert len(c8.structure_table(smollm2).rows) == len(gpt2)
+
+
+def test_structure_verdict_follows_the_comparison():
+    assert c8.structure_verdict(dict(c8.ARTICLE_STRUCTURE)) == "✓ holds"
+    assert c8.structure_verdict({**c8.ARTICLE_STRUCTURE, "final norm": 1}) == "≈ roughly"
+    assert c8.structure_verdict({**c8.ARTICLE_STRUCTURE, "norms per layer": 4}) == "✗ differs"
+
+
+def test_llama_row(rows):
+    llama = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 2 * 32000 * 4096 + 4096
+    assert llama == cost.n_params(cost.llama7b_config())
+    claim = rows[4]
+    assert number(r"= ([\d.]+)× GPT-2 small's", claim.measured) == pytest.approx(llama / 124_439_808, rel=1e-3)
+    assert claim.verdict == "✓ holds"                 # 54.15× and 53.4× vs 56×
+
+
+def test_ratio_verdict_thresholds():
+    assert c8.ratio_verdict(105, 100) == c8.ratio_verdict(100, 109) == "✓ holds"
+    assert c8.ratio_verdict(150, 100) == c8.ratio_verdict(100, 199) == "≈ roughly"
+    assert c8.ratio_verdict(300, 100) == "✗ differs"
+
+
+def test_kv_cache_row(rows, smollm2):
+    kv = c8.kv_cache_check(smollm2)
+    c = smollm2.config
+    assert kv["flops_cached"] == cost.matmul_flops(cost.decode_step_flops(c, 59))
+    assert kv["flops_recomputed"] == cost.matmul_flops(cost.flops_by_stage(c, 59, last_only=True))
+    assert kv["same_token"] and kv["max_logit_diff"] < 1e-3
+    assert kv["cache_bytes"] == 59 * 2 * c.n_layer * c.n_kv_head * c.d_head * 4
+    claim = rows[5]
+    assert number(r"\(([\d.]+)× more\)", claim.measured) == pytest.approx(kv["flops_recomputed"] / kv["flops_cached"], rel=1e-2)
+    assert "next token: yes" in claim.measured and "46.08 kB per token" in claim.measured
+    assert claim.verdict == "✓ holds"
+
+
+@pytest.fixture(scope="module")
+def eval_logits(smollm2):
+    """fp32 and int8 log-probabilities on the first 256 tokens of the shipped text, computed here."""
+    ids = c8.prompt_ids(smollm2, 256)
+    fp32 = torch.log_softmax(lw.forward(smollm2, ids, record=False).logits, -1)
+    int8 = torch.log_softmax(lw.forward(quantize_model(smollm2, 8), ids, record=False).logits, -1)
+    return ids, fp32, int8
+
+
+def test_int8_row(rows, smollm2, eval_logits):
+    ids, ref, out = eval_logits
+    assert len(smollm2.tokenizer.encode(c8.eval_prefix(smollm2))) == 256 == len(ids)
+    kl = float((ref.exp() * (ref - out)).sum(-1).mean())
+    top1 = float((ref.argmax(-1) == out.argmax(-1)).float().mean())
+    claim = rows[6]
+    assert number(r"KL ([\d.e-]+)", claim.measured) == pytest.approx(kl, rel=1e-3)
+    assert number(r"same top token ([\d.]+) %", claim.measured) == pytest.approx(100 * top1, abs=0.05)
+    assert "538.1 → 220.2 MB" in claim.measured
+    assert claim.verdict == ("✓ holds" if kl < 0.05 and top1 >= 0.9 else "✗ differs") == "✓ holds"
+
+
+def test_int4_row(rows, smollm2, eval_logits):
+    ids, ref, _ = eval_logits
+    out = torch.log_softmax(lw.forward(quantize_model(smollm2, 4, 32), ids, record=False).logits, -1)
+    kl = float((ref.exp() * (ref - out)).sum(-1).mean())
+    claim = rows[7]
+    assert number(r"KL ([\d.e-]+)", claim.measured) == pytest.approx(kl, rel=1e-3)
+    assert "asymmetric int4 g32 reproduces it (KL < 1e-6, top-1 100.0 %)" in claim.measured
+    assert kl > 2 * c8.SMALL_KL and claim.verdict == "✗ differs"
+
+
+def test_dynamic_int8_is_far_worse_than_weight_only(smollm2, eval_logits):
+    ids, ref, out = eval_logits
+    dyn = torch.log_softmax(dynamic_int8_logits(smollm2, ids), -1)
+    kl = lambda x: float((ref.exp() * (ref - x)).sum(-1).mean())             # noqa: E731
+    assert kl(dyn) > 10 * kl(out)
+
+
+def test_speculative_row(rows, smollm2):
+    text, chat = BENCH_PROMPTS["repeat"]
+    spec, plain = c8.lookup_run(smollm2)
+    assert spec.new_ids == plain.new_ids == lw.generate(smollm2, text, c8.SPEC_TOKENS, chat=chat).new_ids
+    assert spec.target_forward_passes == len(spec.rounds) + 1                     # rounds + the prompt's prefill
+    claim = rows[8]
+    assert f"{len(spec.new_ids)} tokens in {spec.target_forward_passes} target passes" in claim.measured
+    assert number(r"\(([\d.]+) per token\)", claim.measured) == pytest.approx(spec.target_forward_passes / len(spec.new_ids), rel=1e-2)
+    assert "plain greedy decoding: yes" in claim.measured
+    assert claim.verdict == "✓ holds"
+
+
+def test_speculative_verdict_follows_the_runs(smollm2):
+    spec, plain = c8.lookup_run(smollm2, "no copy", max_new_tokens=8)
+    slow = {"repeat": (spec, plain), "no copy": (spec, plain)}
+    assert c8.passes_per_token(spec) > 0.5
+    assert c8._speculative_claim(smollm2, slow).verdict == "≈ roughly"           # same text, no fewer passes
+    wrong = dataclasses.replace(plain, new_ids=plain.new_ids[:-1] + [plain.new_ids[-1] + 1])
+    assert c8._speculative_claim(smollm2, {"repeat": (spec, wrong), "no copy": (spec, plain)}).verdict == "✗ differs"

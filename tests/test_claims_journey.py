@@ -1,0 +1,161 @@
+"""Sections 一 and 九 measured: the chain from the input to [EOS] on a real answer, the FLOPs of 9 tokens in and 50
+out, the one-second timings, and the full table: every section's own claims, 二 to 九, in the article's order."""
+import inspect
+
+import pytest
+import torch
+
+import llmwalk as lw
+from llmwalk import cost
+from llmwalk.claims import autoregressive, embedding, journey as J, layers, lm_head, sampling, tokenization
+from llmwalk.claims import cost as cost_claims
+from llmwalk.claims.cost import ratio_verdict
+from llmwalk.report import Claim
+
+from conftest import needs_gemma
+
+VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
+SECTIONS = ("二", "三", "四", "五", "六", "七", "八", "九")     # claims.md, sections 2 to 9
+MODULES = (tokenization, embedding, layers, lm_head, sampling, autoregressive, cost_claims, J)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Decoding is memory-bound: one thread is about as fast and does not stall when other processes share the cores."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def chain(smollm2):
+    return J.chain_run(smollm2)
+
+
+@pytest.fixture(scope="module")
+def rows(smollm2):
+    return J.claims(smollm2)
+
+
+# ---------------------------------------------------------------- the chain
+
+def test_chain_every_link(smollm2, chain):
+    trace, answer, passes = chain
+    k = J.chain_check(smollm2, trace, answer, passes)
+    t = len(smollm2.tokenizer.encode(J.ENGLISH, chat=True))
+    assert k["tokens"] == t == len(answer.prompt_ids)
+    assert k["embedding"] == (t, 576) and k["layers"] == 30 and k["final"] == (t, 576) and k["logits"] == (49152,)
+    assert abs(k["softmax_sum"] - 1) < 1e-4
+    # the loop: one pass per new token, each the previous input plus the token chosen after it, all 30 layers
+    assert k["pass_lengths"] == list(range(t, t + len(answer.new_ids)))
+    for a, b, step in zip(passes, passes[1:], answer.steps):
+        assert b.ids[:-1] == a.ids and b.ids[-1] == step.token_id
+    assert all(p.layers == 30 for p in passes)
+    # it ends by itself, at the end token, with the answer
+    assert answer.stopped == "eos" and answer.new_ids[-1] in smollm2.tokenizer.eos_token_ids
+    assert "Paris" in answer.text
+    assert J.chain_verdict(k) == "✓ holds"
+
+
+def test_chain_first_token_is_in_the_nucleus(smollm2, chain):
+    trace, answer, _ = chain
+    probs = torch.softmax(trace.logits[-1].double() / J.TEMPERATURE, -1)      # independent top-p, in float64
+    p, order = probs.sort(descending=True)
+    n = int((p.cumsum(0) < J.TOP_P).sum()) + 1                                # smallest top set reaching TOP_P
+    assert answer.new_ids[0] in order[:n].tolist()
+    k = J.chain_check(smollm2, *J.chain_run(smollm2, max_new_tokens=1))
+    assert k["nucleus"] == n and k["first_in_nucleus"]
+
+
+def test_chain_is_reproducible_and_needs_eos(smollm2, chain):
+    _, answer, _ = chain
+    trace, short, passes = J.chain_run(smollm2, max_new_tokens=3)             # same seed, cut before the end
+    assert short.new_ids == answer.new_ids[:3] and short.stopped == "max_new_tokens"
+    k = J.chain_check(smollm2, trace, short, passes)
+    assert not k["ends_with_eos"] and J.chain_verdict(k) == "✗ differs"
+
+
+# ---------------------------------------------------------------- 9 in, 50 out, 18 B FLOPs
+
+def test_budget_is_cost_py_and_the_article_rule():
+    g = cost.gpt2_config()
+    b = J.budget(g)
+    assert b["article_rule"] == 50 * 3 * cost.n_params(g)
+    assert b["kv_cache"] == cost.generation_flops(g, 9, 50) < b["no_cache"] == cost.generation_flops(g, 9, 50, kv_cache=False)
+    # independently: a position meets each layer weight once (a multiply-add, 2 FLOPs): the 9 prompt positions and
+    # 49 new ones go through the layers (the 50th token is not run); the head runs once per new token
+    layer_weights, head = g.n_layer * (4 * 768 * 768 + 2 * 768 * 3072), 768 * 50257
+    matmuls = 2 * ((9 + 49) * layer_weights + 50 * head)
+    assert 1 < b["kv_cache"] / matmuls < 1.01                                # the rest: attention over ≤ 58 keys, norms
+
+
+def test_budget_claim(rows, smollm2):
+    chain_row, budget_row = rows
+    assert [r.section for r in rows] == ["九", "九"] and {r.verdict for r in rows} <= VERDICTS
+    g, m = J.budget(cost.gpt2_config()), J.budget(smollm2.config)
+    for x in (g["kv_cache"], g["no_cache"], g["article_rule"], m["kv_cache"], m["no_cache"]):
+        assert f"{x / 1e9:.4g} B" in budget_row.measured
+    assert budget_row.verdict == ratio_verdict(g["kv_cache"], 18e9) == "≈ roughly"   # 13.8 B: within a factor of 2
+    assert f"{len(lw.gpt2_tokenizer().encode('法国的首都是什么？'))} tokens" in budget_row.measured
+    assert chain_row.verdict == "✓ holds" and "'<|im_end|>'" in chain_row.measured
+
+
+@needs_gemma
+def test_chain_claim_reports_gemma(smollm2, gemma):
+    row = J._chain_claim(smollm2, gemma)
+    g = lw.generate(gemma, J.GEMMA_PROMPT, J.GEMMA_TOKENS)
+    assert repr(g.text) in row.measured and "巴黎" in g.text
+
+
+# ---------------------------------------------------------------- section 一
+
+def test_one_second_claims(smollm2):
+    j = lw.journey(smollm2, "The capital of France is", max_new_tokens=3)
+    t = J.timings(j)
+    assert t["tokens"] == 3 and t["first_token"] == pytest.approx(sum(j.seconds.values()))
+    assert t["answer"] == pytest.approx(sum(s.seconds for s in j.answer.steps)) and t["per_token"] > 0
+    when, first = J.one_second_claims(smollm2, j)
+    assert {when.section, first.section} == {"一"} and {when.verdict, first.verdict} <= VERDICTS
+    assert when.verdict == ("✓ holds" if t["answer"] < 1 else "≈ roughly" if t["first_token"] < 1 else "✗ differs")
+    flops = sum(cost.flops_by_stage(smollm2.config, 5, last_only=True).values())
+    assert f"{flops / 1e6:.4g} M FLOPs" in when.measured
+    assert "' Paris' first" in first.measured and first.verdict == "≈ roughly"
+
+
+def test_first_word_round(smollm2):
+    g = lw.generate(smollm2, "The capital of France is", max_new_tokens=2)
+    assert J.first_word_round(smollm2, g, "Paris") == 1 and J.first_word_round(smollm2, g, "巴") is None
+
+
+# ---------------------------------------------------------------- the full table
+
+def test_all_claims_calls_every_section_in_order(monkeypatch):
+    """all_claims asks each section's own module, 二 to 九, passing the models; nothing measured twice."""
+    calls = []
+
+    def stub(module):
+        def claims(*args, **kwargs):
+            inspect.signature(real[module.__name__]).bind(*args, **kwargs)   # the real function accepts these
+            calls.append((module.SECTION, args, kwargs))
+            return [Claim(module.SECTION, "said", "measured", "✓ holds")]
+        return claims
+
+    real = {m.__name__: m.claims for m in MODULES}
+    for m in MODULES:
+        monkeypatch.setattr(m, "claims", stub(m))
+    model = type("M", (), {"config": type("C", (), {"name": "small"}), "tokenizer": "tok-small"})()
+    gemma = type("M", (), {"config": type("C", (), {"name": "gemma"}), "tokenizer": "tok-gemma"})()
+    seconds = {}
+    rows = J.all_claims(model, gemma, seconds=seconds)
+    assert tuple(r.section for r in rows) == SECTIONS == tuple(m.SECTION for m in MODULES)
+    assert list(seconds) == list(SECTIONS) and all(s >= 0 for s in seconds.values())
+    args = {section: (a, k) for section, a, k in calls}
+    assert args["二"][0] == ({"small": "tok-small", "gemma": "tok-gemma"},)
+    assert all(a[0] is model for s, (a, _) in args.items() if s != "二")
+    for s in ("五", "七", "九"):                                             # the Chinese rounds need Gemma
+        assert gemma in args[s][0] or gemma in args[s][1].values()
+    assert list(args["三"][0][1]) == [gemma]
+    calls.clear()
+    J.all_claims(model)                                                    # without Gemma: nothing breaks
+    assert [s for s, _, _ in calls] == list(SECTIONS)
