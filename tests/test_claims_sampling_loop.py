@@ -12,7 +12,7 @@ from llmwalk.claims import autoregressive as ar
 from llmwalk.claims import sampling as sm
 from llmwalk.generate import Generation, Step, generate
 
-from conftest import needs_gemma
+from markers import needs_gemma
 
 VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
 

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import llmwalk as lw
 from llmwalk.claims import embedding, tokenization
-from conftest import needs_gemma
+from markers import needs_gemma
 
 VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
 

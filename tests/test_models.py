@@ -6,7 +6,7 @@ import torch
 
 import llmwalk as lw
 from llmwalk import models
-from conftest import needs_gemma
+from markers import needs_gemma
 
 PROMPTS = ["The capital of France is", "法国的首都是什么", "def fibonacci(n):\n    return",
            "Once upon a time, in a small village by the sea, there lived an old fisherman who"]

@@ -7,7 +7,7 @@ import pytest
 
 import llmwalk as lw
 from llmwalk import tokens
-from conftest import needs_gemma
+from markers import needs_gemma
 
 TEXTS = ["The capital of France is Paris.", "法国的首都是什么", "人工智能 ChatGPT 巴黎 首都",
          "def f(x):\n    return x ** 2  # square\n", "emoji: 🙂👍🏽 and 🇫🇷!", "  leading spaces\t\ttabs\n\nnew lines ",

@@ -146,7 +146,8 @@ CHAIN_LINKS = {                              # chain_check's keys, as the table 
     "logits": "LM Head: logits of the last position", "softmax_sum": "Softmax: the probabilities sum to",
     "nucleus": "Top-P: tokens kept", "first": "输出词: the token drawn in round 1",
     "first_in_nucleus": "…one of the tokens top-p kept", "same_first_pass": "round 1 runs the prompt",
-    "appended": "加回输入: each pass = the one before + the token chosen", "full_stack": "重复: every pass runs all layers",
+    "appended": "加回输入: each pass = the one before + the token chosen",
+    "full_stack": "重复: every pass runs all layers",
     "pass_lengths": "tokens per pass", "rounds": "rounds", "stopped": "stopped because of",
     "ends_with_eos": "[EOS]: the last token is an end token"}
 
@@ -184,14 +185,14 @@ def _chain_claim(model: "Model", gemma: "Model | None") -> Claim:
         text += (f". Gemma-3-270M, a base model, greedy on {GEMMA_PROMPT!r}: {g.text!r}… "
                  f"{'then its end token' if g.stopped == 'eos' else f'and no end token in {GEMMA_TOKENS} rounds'}: "
                  f"only a model trained to say [EOS] stops by itself; the others stop at max_new_tokens")
-    return Claim(SECTION, "Input → Token 化 → Embedding → N × (Attention/FFN) → LM Head → Softmax → Top-P 采样 → "
-                 "output token → append → repeat … until [EOS]", text, chain_verdict(k))
+    return Claim(SECTION, "Input → Token 化 → Embedding → N × (Attention/FFN) → LM Head → Softmax → "
+                 "Top-P 采样 → output token → append → repeat … until [EOS]", text, chain_verdict(k))
 
 
 # ---------------------------------------------------------------- 9 in, 50 out, 18 billion FLOPs
 
 def budget(config, prompt_len: int = PROMPT_LEN, new_tokens: int = NEW_TOKENS) -> dict[str, int]:
-    """FLOPs of one answer (cost.py's count), with and without a KV cache, and the article's rule (50 × 3 × params)."""
+    """FLOPs of one answer (cost.py's count) with and without a KV cache, and the article's rule (N × 3 × params)."""
     return {"kv_cache": cost.generation_flops(config, prompt_len, new_tokens, kv_cache=True),
             "no_cache": cost.generation_flops(config, prompt_len, new_tokens, kv_cache=False),
             "article_rule": new_tokens * 3 * cost.n_params(config)}
@@ -209,10 +210,10 @@ def _budget_claim(model: "Model") -> Claim:
                  f"for {NEW_TOKENS} words",
                  f"GPT-2 small, {PROMPT_LEN} tokens in, {NEW_TOKENS} out: {_b(g['kv_cache'])} FLOPs with a KV cache "
                  f"({g['kv_cache'] / ARTICLE_FLOPS:.2f}× the article's figure), {_b(g['no_cache'])} rerunning the "
-                 f"prefix every round (the article's own loop); the article's rule 50 × 3 × {cost.n_params(gpt2) / 1e6:.1f} M "
-                 f"parameters gives {_b(g['article_rule'])}. {model.config.name}, same lengths: {_b(m['kv_cache'])} "
-                 f"with a cache, {_b(m['no_cache'])} without. GPT-2 cuts {QUESTION_MARKED} into {n_question} tokens; "
-                 f"and a token is not a word (section 二)",
+                 f"prefix every round (the article's own loop); the article's rule "
+                 f"{NEW_TOKENS} × 3 × {cost.n_params(gpt2) / 1e6:.1f} M parameters gives {_b(g['article_rule'])}. "
+                 f"{model.config.name}, same lengths: {_b(m['kv_cache'])} with a cache, {_b(m['no_cache'])} without. "
+                 f"GPT-2 cuts {QUESTION_MARKED} into {n_question} tokens; and a token is not a word (section 二)",
                  ratio_verdict(g["kv_cache"], ARTICLE_FLOPS))
 
 
