@@ -243,7 +243,8 @@ def test_first_rounds_equal_a_shorter_run(smollm2):
     for n in (3, 12):
         short = generate(smollm2, ar.ENGLISH, n, chat=True)
         cut = ar.first_rounds(smollm2, long, n)
-        assert (cut.new_ids, cut.text, cut.stopped, cut.steps) == (short.new_ids, short.text, short.stopped, short.steps)
+        assert (cut.new_ids, cut.text, cut.stopped) == (short.new_ids, short.text, short.stopped)
+        assert cut.steps == short.steps
 
 
 def test_rounds_verdict():

@@ -141,25 +141,27 @@ def _passes_claim(model: "Model", passes: Sequence[Pass]) -> Claim:
 
 
 def _linear_claim(model: "Model", prompt_ids: Sequence[int], new_ids: Sequence[int]) -> Claim:
-    from ..cost import flops_by_stage, matmul_flops, measured_flops
     config, p = model.config, len(prompt_ids)
     rerun, cached = round_flops(config, p, N, kv_cache=False), round_flops(config, p, N, kv_cache=True)
     grow_rerun, grow_cached = rerun[-1] / rerun[0], cached[-1] / cached[1]      # last round vs first (decode) round
     # torch's FLOP counter on round N, both ways: the count above is what forward really multiplies.
     last = list(prompt_ids) + list(new_ids[:N - 1])
     cache = KVCache.empty(config, len(last))
-    measured_flops(model, last[:-1], cache=cache, last_only=True)                 # fill the cache (not compared)
-    counted = (measured_flops(model, last, last_only=True), measured_flops(model, last[-1:], cache, last_only=True))
-    formula = (matmul_flops(flops_by_stage(config, len(last), last_only=True)),
-               matmul_flops(flops_by_stage(config, 1, cached=len(last) - 1, last_only=True)))
+    cost.measured_flops(model, last[:-1], cache=cache, last_only=True)            # fill the cache (not compared)
+    counted = (cost.measured_flops(model, last, last_only=True),
+               cost.measured_flops(model, last[-1:], cache, last_only=True))
+    formula = (cost.matmul_flops(cost.flops_by_stage(config, len(last), last_only=True)),
+               cost.matmul_flops(cost.flops_by_stage(config, 1, cached=len(last) - 1, last_only=True)))
     flat_cached, flat_rerun = grow_cached < 1.1, grow_rerun < 1.1          # every round costs about the same
     verdict = "✓ holds" if flat_cached and flat_rerun else "≈ roughly" if flat_cached else "✗ differs"
     g = lambda x: f"{x / 1e9:.3g} GFLOPs"                                                     # noqa: E731
+    shape = lambda flat: ("every round costs about the same: linear" if flat else           # noqa: E731
+                          "the rounds grow with the length, so the total grows with its square")
     return Claim(SECTION, "…so the cost adds up linearly",
                  f"prompt of {p} tokens, {N} new. Rerunning the prefix (the article's loop): round 1 costs "
-                 f"{g(rerun[0])}, round {N} {g(rerun[-1])} (×{grow_rerun:.3g}), {g(sum(rerun))} in all: every round "
-                 f"is longer, so the total grows with the square of the length. With a KV cache: the prompt {g(cached[0])}, "
-                 f"then {g(cached[1])} per round (round {N}: ×{grow_cached:.3g}), {g(sum(cached))} in all: linear. "
+                 f"{g(rerun[0])}, round {N} {g(rerun[-1])} (×{grow_rerun:.3g}), {g(sum(rerun))} in all: "
+                 f"{shape(flat_rerun)}. With a KV cache: the prompt {g(cached[0])}, then {g(cached[1])} per round "
+                 f"(round {N}: ×{grow_cached:.3g}), {g(sum(cached))} in all: {shape(flat_cached)}. "
                  f"torch's FLOP counter agrees on round {N}: {'yes' if counted == formula else 'no'}", verdict)
 
 

@@ -70,7 +70,7 @@ def one_second_claims(model: "Model", j: "Journey", zh: "Journey | None" = None,
     whole = cost.generation_flops(c, len(j.ids), t["tokens"])
     when = HOLDS if t["answer"] < 1 else ROUGHLY if t["first_token"] < 1 else DIFFERS
     rows = [Claim("一", "一秒钟后，屏幕上出现了答案 — a second after Enter the answer is on the screen",
-                  f"{c.name} on this machine ({torch.get_num_threads()} CPU threads), {j.prompt!r}: first token "
+                  f"{c.name} on this machine (CPU threads: {torch.get_num_threads()}), {j.prompt!r}: first token "
                   f"{1000 * t['first_token']:.0f} ms; the whole answer, {t['tokens']} tokens, "
                   f"{1000 * t['answer']:.0f} ms ({1000 * t['per_token']:.0f} ms per token after the first). "
                   f"The work behind it: {first / 1e6:.4g} M FLOPs for the first token, {whole / 1e9:.4g} B for the "
