@@ -1,4 +1,4 @@
-"""Benchmarks, one subcommand each: `python -m llmwalk.bench generate [--prompt-lengths 16 128 512] [--new-tokens 64]`.
+"""Benchmarks, one subcommand each: `python -m llmwalk.bench generate|quantization|speculative [--threads N] ...`.
 
 Every subcommand is a function taking the parsed arguments, registered in `build_parser`. The numbers are wall
 time on a machine that may be doing other things, so the contenders run in the same process, interleaved.
@@ -154,6 +154,38 @@ def bench_generate(args: argparse.Namespace) -> None:
             print(f"{n:>6} | {name:22} {t.ttft:>7.3f} {t.tokens_per_second:>12.1f} {t.peak_mb:>8.0f} | {ratios}")
 
 
+def bench_quantization(args: argparse.Namespace) -> None:
+    """Decode speed and weight memory of the quantized model (torch's int8 / int4 kernels) vs fp32 and transformers."""
+    from transformers.utils import logging
+    from .quantize import model_weight_bytes, quantize_model
+    logging.set_verbosity_error()
+    model = load_model(args.model, progress=False)
+    variants = {"llmwalk fp32": model,
+                "int8 layers": quantize_model(model, 8),
+                "int8 layers + head": quantize_model(model, 8, embeddings=True),
+                "int4 g32 asym layers": quantize_model(model, 4, 32, symmetric=False),
+                "int4 g32 asym + head": quantize_model(model, 4, 32, symmetric=False, embeddings=True)}
+    ids = prompt_ids(model, args.prompt_length)
+    runs = {name: llmwalk_run(m, ids, args.new_tokens, True, None) for name, m in variants.items()}
+    runs["transformers fp32"] = transformers_run(load_transformers(args.model), ids, args.new_tokens)
+    print(f"{model.config.name}, greedy, prompt {args.prompt_length} tokens, {args.new_tokens} new tokens, torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads. decode tok/s = 1 / median seconds per token "
+          f"after the first, median of {args.repeats} interleaved runs. int8/int4: torch's CPU kernels with bf16 "
+          "activations; '+ head': the tied embedding table / LM head quantized too.")
+    for run in runs.values():      # first calls pay one-off costs (allocator, kernel weight packing)
+        run()
+    times: dict[str, list[Timing]] = {name: [] for name in runs}
+    for _ in range(args.repeats):
+        for name, run in runs.items():
+            times[name].append(measure(run))
+    fp32 = median(times["llmwalk fp32"]).tokens_per_second
+    print(f"{'weights':22} {'MB':>7} {'decode tok/s':>12} {'x llmwalk fp32':>14}")
+    for name, ts in times.items():
+        mb = f"{model_weight_bytes(variants[name]) / 1e6:7.1f}" if name in variants else f"{'':7}"
+        tps = median(ts).tokens_per_second
+        print(f"{name:22} {mb} {tps:12.1f} {tps / fp32:13.2f}x")
+
+
 def bench_speculative(args: argparse.Namespace) -> None:
     """Speculative decoding: acceptance, target passes per token and speed vs plain generate, per draft and k."""
     from .quantize import compare_to_fp32, eval_text, quantize_model
@@ -193,10 +225,17 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
     gen.set_defaults(run=bench_generate)
 
+    quant = sub.add_parser("quantization", parents=[common], help=bench_quantization.__doc__)
+    quant.add_argument("--prompt-length", type=int, default=16, metavar="N")
+    quant.add_argument("--new-tokens", type=int, default=32)
+    quant.add_argument("--repeats", type=int, default=3, help="interleaved runs of every format")
+    quant.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
+    quant.set_defaults(run=bench_quantization)
+
     from .speculative import BENCH_PROMPTS
     spec = sub.add_parser("speculative", parents=[common], help=bench_speculative.__doc__)
-    spec.add_argument("--drafts", nargs="+", default=["lookup", "int8", "exit6", "exit15", "exit24"],
-                      help="lookup, int8, int4 (slow: dequantizes every product), exitN (the first N layers)")
+    spec.add_argument("--drafts", nargs="+", default=["lookup", "int8", "int4", "exit6", "exit15", "exit24"],
+                      help="lookup, int8, int4 (the model quantized, head included), exitN (the first N layers)")
     spec.add_argument("--prompts", nargs="+", default=list(BENCH_PROMPTS), choices=list(BENCH_PROMPTS))
     spec.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5], metavar="K", help="tokens drafted per round")
     spec.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], metavar="T")

@@ -4,13 +4,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .layers import norm
+from .layers import matmul, norm
 from .weights import Config, Weights
 
 
 def lm_head(x: Tensor, output: Tensor) -> Tensor:
     """One dot product per vocabulary entry: logits = x · W_outᵀ.  # [T, d_model] -> [T, vocab]"""
-    return x @ output.T
+    return matmul(x, output.T)
 
 
 def softmax(logits: Tensor) -> Tensor:

@@ -12,9 +12,16 @@ from .kv_cache import LayerCache
 from .weights import Block, Config, Linear, Norm
 
 
+def matmul(x: Tensor, w) -> Tensor:
+    """x @ w for a float matrix or a quantized one, which multiplies itself.  # [T, d_in] -> [T, d_out]"""
+    # For a non-tensor w, `x @ w` first fails inside torch and only then falls back to w.__rmatmul__(x):
+    # about 10 µs lost per product, an eighth of an int8 decode step. So ask w directly.
+    return x @ w if isinstance(w, Tensor) else w.__rmatmul__(x)
+
+
 def linear(x: Tensor, w: Linear) -> Tensor:
     """x @ W + b.  # [T, d_in] -> [T, d_out]"""
-    y = x @ w.weight
+    y = matmul(x, w.weight)
     return y + w.bias if w.bias is not None else y
 
 

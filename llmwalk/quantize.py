@@ -6,14 +6,14 @@ scale serves one output column (per-channel) or one group of `group_size` consec
 kernel multiply the codes directly.
 
 A quantized weight sits in the same `Linear` container as a float one and `linear()` is unchanged: it
-computes `x @ w.weight`, and `QuantizedTensor.__rmatmul__` answers that product.
+computes `x @ w.weight` (through `layers.matmul`), and `QuantizedTensor.__rmatmul__` answers that product.
 """
 from __future__ import annotations
 
 import statistics
 import time
 from dataclasses import dataclass, replace
-from functools import partial
+from functools import cached_property, partial
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -66,11 +66,27 @@ class QuantizedTensor:
         """The integer codes, unpacked.  # -> [d_in, d_out] int8"""
         return _code_rows(self).T
 
+    @cached_property
+    def kernel(self) -> tuple[Tensor, Tensor] | None:
+        """The weight as torch's CPU kernel for its format reads it, prepared on first use; None: no kernel fits.
+
+        int8, one scale per column: codes [d_out, d_in] and bf16 scales. int4 in groups of 32…256: the kernel
+        computes (u − 8)·s + z from unsigned codes u = code + 8 in its own tiled layout, so w = s·(code − zero)
+        gives z = −s·zero. (That layout is a second copy of the 4-bit codes, made once, the size of `codes`.)
+        """
+        if self.bits == 8 and self.zeros is None and self.scales.shape[0] == 1:
+            return self.codes.T, self.scales[0].bfloat16()
+        if self.bits == 4 and self.group_size in (32, 64, 128, 256):
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(_code_rows(self).int() + 8, 1)
+            shift = torch.zeros_like(self.scales) if self.zeros is None else -self.scales * self.zeros
+            return packed, torch.stack([self.scales, shift], dim=-1).bfloat16()    # [n_groups, d_out, 2]
+        return None
+
     def __rmatmul__(self, x: Tensor) -> Tensor:
-        """x @ w, so that `linear()` works unchanged.  # [T, d_in] -> [T, d_out]"""
-        if self.bits == 8 and self.zeros is None and self.scales.shape[0] == 1 and x.dim() == 2:
-            return int8_matmul(x, self)
-        return x @ dequantize_tensor(self).to(x.dtype)
+        """x @ w, with torch's integer kernel when one fits (bf16 activations), else dequantized.  # [T, d_in] -> [T, d_out]"""
+        if self.kernel is None or x.dim() != 2:
+            return x @ dequantize_tensor(self).to(x.dtype)
+        return (int8_matmul if self.bits == 8 else int4_matmul)(x, self)
 
     def __repr__(self) -> str:
         kind = "symmetric" if self.zeros is None else "asymmetric"
@@ -136,8 +152,15 @@ def int8_matmul(x: Tensor, q: QuantizedTensor) -> Tensor:
     activations: on an AVX-512 machine about 2x faster than fp32 x @ W over SmolLM2's layer matrices and 4x
     on its LM head, while with fp32 activations it is 3x slower than fp32. See `bench_linear_kernels`.
     """
-    out = torch.ops.aten._weight_int8pack_mm(x.bfloat16().contiguous(), q.codes.T.contiguous(), q.scales[0].bfloat16())
-    return out.to(x.dtype)
+    codes, scales = q.kernel
+    return torch.ops.aten._weight_int8pack_mm(x.bfloat16().contiguous(), codes, scales).to(x.dtype)
+
+
+def int4_matmul(x: Tensor, q: QuantizedTensor) -> Tensor:
+    """x @ w with torch's int4 kernel (groups of 32…256), in bfloat16.  # [T, d_in] -> [T, d_out]"""
+    packed, scale_shift = q.kernel
+    return torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16().contiguous(), packed, q.group_size,
+                                                      scale_shift).to(x.dtype)
 
 
 # ---------------------------------------------------------------- whole models
@@ -346,21 +369,12 @@ def _dequantized(w: Tensor, **fmt) -> Callable[[Tensor], Tensor]:
 
 def _as_in_model(w: Tensor, **fmt) -> Callable[[Tensor], Tensor]:
     q = quantize_tensor(w, **fmt)
-    return lambda x: x @ q
+    return lambda x: q.__rmatmul__(x)
 
 
 def _int8_kernel_fp32(w: Tensor) -> Callable[[Tensor], Tensor]:
-    q = quantize_tensor(w, 8)
-    codes, scales = q.codes.T.contiguous(), q.scales[0]
-    return lambda x: torch.ops.aten._weight_int8pack_mm(x, codes, scales)
-
-
-def _int4_kernel_bf16(w: Tensor) -> Callable[[Tensor], Tensor]:
-    # torch's int4 kernel wants unsigned codes repacked into its own tiled layout and computes (u − 8)·s + z.
-    q = quantize_tensor(w, 4, 32)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(_code_rows(q).int() + 8, 1)
-    scale_zero = torch.stack([q.scales, torch.zeros_like(q.scales)], dim=-1).bfloat16()   # [n_groups, d_out, 2]
-    return lambda x: torch.ops.aten._weight_int4pack_mm_for_cpu(x.bfloat16(), packed, 32, scale_zero).float()
+    codes, scales = quantize_tensor(w, 8).kernel
+    return lambda x: torch.ops.aten._weight_int8pack_mm(x, codes, scales.float())
 
 
 KERNELS: dict[str, Callable[[Tensor], Callable[[Tensor], Tensor]]] = {
@@ -369,8 +383,8 @@ KERNELS: dict[str, Callable[[Tensor], Callable[[Tensor], Tensor]]] = {
     "int8 dequantize, then fp32 x @ W": partial(_dequantized, bits=8),
     "int8 _weight_int8pack_mm, fp32 x": _int8_kernel_fp32,
     "int8 _weight_int8pack_mm, bf16 x (quantize_model's path)": partial(_as_in_model, bits=8),
-    "int4 g32 dequantize (quantize_model's path)": partial(_as_in_model, bits=4, group_size=32),
-    "int4 g32 _weight_int4pack_mm_for_cpu, bf16 x": _int4_kernel_bf16,
+    "int4 g32 dequantize, then fp32 x @ W": partial(_dequantized, bits=4, group_size=32),
+    "int4 g32 _weight_int4pack_mm_for_cpu, bf16 x (quantize_model's path)": partial(_as_in_model, bits=4, group_size=32),
 }
 
 

@@ -314,13 +314,14 @@ BENCH_PROMPTS = {
 
 
 def draft_by_name(model: "Model", name: str) -> Draft:
-    """'lookup' (prompt lookup, 3-grams), 'int8' / 'int4' (the model quantized), 'exitN' (its first N layers)."""
+    """'lookup' (prompt lookup, 3-grams), 'int8' / 'int4' (the model quantized, LM head too: a draft should be as
+    fast as it can be), 'exitN' (its first N layers)."""
     if name == "lookup":
         return PromptLookupDraft()
     if name == "int8":
-        return ModelDraft(quantize_model(model, 8))
+        return ModelDraft(quantize_model(model, 8, embeddings=True))
     if name == "int4":
-        return ModelDraft(quantize_model(model, 4, group_size=32))
+        return ModelDraft(quantize_model(model, 4, group_size=32, embeddings=True))
     if name.startswith("exit") and name[4:].isdigit():
         return EarlyExitDraft(model, int(name[4:]))
     raise ValueError(f"unknown draft {name!r}: use lookup, int8, int4 or exitN (N layers, e.g. exit6)")

@@ -82,11 +82,12 @@ def test_storage_sizes_and_packing():
 
 def test_linear_runs_quantized_weights_and_every_kernel_computes_the_same_product():
     w, x = weights_with_outliers(1), torch.randn(3, 128, generator=torch.Generator().manual_seed(5))
-    for bits, group_size in [(8, None), (8, 32), (4, 32)]:
-        q = quantize_tensor(w, bits, group_size)
+    for bits, group_size, symmetric in [(8, None, True), (8, 32, True), (4, 32, True), (4, 32, False), (4, None, True)]:
+        q = quantize_tensor(w, bits, group_size, symmetric)
+        assert (q.kernel is None) == ((bits, group_size) == (8, 32))   # int4: groups of 32…256 (here 128 = d_in)
         bias = torch.ones(48)
         exact = x @ dequantize_tensor(q) + bias
-        tol = 2e-2 * exact.abs().max() if (bits, group_size) == (8, None) else 1e-5   # int8 kernel: bf16 activations
+        tol = 2e-2 * exact.abs().max() if q.kernel is not None else 1e-5   # torch's kernels: bf16 activations
         assert torch.allclose(linear(x, lw.Linear(q, bias)), exact, atol=tol, rtol=0)
     ref = x[:1] @ w
     for name, make in KERNELS.items():
@@ -150,9 +151,12 @@ def test_int4_g32_symmetric_has_a_visible_cost(smollm2):
 def test_int4_g32_asymmetric_reproduces_the_q4_1_model(smollm2, int4_asym):
     # The shipped weights were already Q4_1 (groups of 32 along d_in, w = d·q + min): asymmetric int4 in the
     # same groups puts each group's min and max on its end codes, so the grid is the same and nothing moves.
-    c = compare_to_fp32(smollm2, int4_asym, eval_text()[:1500])
+    c = compare_to_fp32(smollm2, dequantize_model(int4_asym), eval_text()[:1500])
     assert max(r["max_abs_error"] for r in c.weight_error) < 1e-5
     assert c.kl_mean < 1e-6 and c.top1_agreement == 1.0
+    # torch's int4 kernel multiplies the same codes with bf16 activations: close, not exact (measured KL 3e-4)
+    fast = compare_to_fp32(smollm2, int4_asym, eval_text()[:1500])
+    assert fast.kl_mean < 2e-3 and fast.top1_agreement > 0.97
 
 
 # Measured: bf16 weights KL 6e-5, top-1 99.4% (whole text: 5e-5, 99.3%).

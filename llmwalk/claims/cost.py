@@ -20,7 +20,8 @@ from ..kv_cache import KVCache
 from ..quantize import (Comparison, compare_to_fp32, dequantize_model, eval_text, layer_weight_errors,
                         model_weight_bytes, quantize_activations, quantize_model)
 from ..report import Claim, Table, table
-from ..speculative import BENCH_PROMPTS, PromptLookupDraft, SpeculativeResult, speculative_generate
+from ..speculative import (BENCH_PROMPTS, Draft, PromptLookupDraft, SpeculativeResult, draft_by_name,
+                           speculative_generate)
 from ..walk import forward
 from ..weights import Config, to_dtype
 from .tokenization import DIFFERS, HOLDS, ROUGHLY
@@ -148,18 +149,18 @@ FORMATS = ("bf16", "int8", "int4 g32 symmetric", "int4 g32 asymmetric", "int8 we
 def variant(model: "Model", name: str) -> tuple["Model", int]:
     """The model in one number format (one of FORMATS), runnable by `forward`, and the bytes its weights take.
 
-    bf16 runs as fp32 numbers rounded to bf16 (forward computes in fp32); its bytes are those of bf16 storage.
+    The rounded weights are multiplied in fp32 (dequantized), so each row shows what the format's rounding
+    alone costs: torch's integer kernels, which the speed section uses, also round activations to bf16.
     """
     if name == "bf16":
         bf16 = replace(model, weights=to_dtype(model.weights, torch.bfloat16))
         return dequantize_model(bf16), model_weight_bytes(bf16)
-    if name == "int8 weights + int8 activations":
-        q = quantize_model(model, 8)
-        return quantize_activations(q), model_weight_bytes(q)
     q = {"int8": lambda: quantize_model(model, 8),
+         "int8 weights + int8 activations": lambda: quantize_model(model, 8),
          "int4 g32 symmetric": lambda: quantize_model(model, 4, 32),
          "int4 g32 asymmetric": lambda: quantize_model(model, 4, 32, symmetric=False)}[name]()
-    return q, model_weight_bytes(q)
+    rounded = dequantize_model(q)
+    return (quantize_activations(rounded) if "activations" in name else rounded), model_weight_bytes(q)
 
 
 def eval_prefix(model: "Model", n_tokens: int = EVAL_TOKENS) -> str:
@@ -203,13 +204,20 @@ def q4_1_grid_error(model: "Model") -> float:
 
 # ---------------------------------------------------------------- speculative decoding
 
-def lookup_run(model: "Model", prompt: str = "repeat", k: int = SPEC_K,
-               max_new_tokens: int = SPEC_TOKENS) -> tuple[SpeculativeResult, Generation]:
-    """Prompt-lookup speculative decoding on one of speculative.BENCH_PROMPTS, and plain greedy decoding of it."""
+def speculative_run(model: "Model", prompt: str = "repeat", draft: Draft | None = None, k: int = SPEC_K,
+                    max_new_tokens: int = SPEC_TOKENS) -> tuple[SpeculativeResult, Generation]:
+    """Greedy speculative decoding of one of speculative.BENCH_PROMPTS (draft: prompt lookup unless given), and
+    plain greedy decoding of it."""
     text, chat = BENCH_PROMPTS[prompt]
     chat = chat and bool(getattr(model.tokenizer, "chat_template", None))    # base models (GPT-2) have no template
-    spec = speculative_generate(model, PromptLookupDraft(), text, k, max_new_tokens=max_new_tokens, chat=chat)
+    spec = speculative_generate(model, draft or PromptLookupDraft(), text, k, max_new_tokens=max_new_tokens, chat=chat)
     return spec, generate(model, text, max_new_tokens=max_new_tokens, chat=chat)
+
+
+def speculative_runs(model: "Model") -> dict[str, tuple[SpeculativeResult, Generation]]:
+    """The claim's three runs: prompt lookup on 'repeat' and on 'no copy', and the model's int8 copy drafting 'no copy'."""
+    return {"repeat": speculative_run(model, "repeat"), "no copy": speculative_run(model, "no copy"),
+            "int8 draft": speculative_run(model, "no copy", draft_by_name(model, "int8"))}
 
 
 def passes_per_token(spec: SpeculativeResult) -> float:
@@ -324,32 +332,35 @@ def _int4_claim(model: "Model", sym: Comparison, grid_error: float) -> Claim:
 
 
 def _speculative_claim(model: "Model", runs: dict[str, tuple[SpeculativeResult, Generation]]) -> Claim:
-    (rep, rep_plain), (new, new_plain) = runs["repeat"], runs["no copy"]
-    same = rep.new_ids == rep_plain.new_ids and new.new_ids == new_plain.new_ids
-    fast = passes_per_token(rep) < 0.5
+    (rep, rep_plain), (new, new_plain), (i8, i8_plain) = runs["repeat"], runs["no copy"], runs["int8 draft"]
+    same = rep.new_ids == rep_plain.new_ids and new.new_ids == new_plain.new_ids and i8.new_ids == i8_plain.new_ids
+    fast = passes_per_token(rep) < 0.5 and passes_per_token(i8) < 0.5
     return Claim(SECTION, "Speculative decoding: a small model drafts a few tokens, the big one checks them in "
                  "parallel: faster",
-                 f"{model.config.name}, greedy, drafts copied from the context (prompt lookup, k = {SPEC_K}): asked to "
+                 f"{model.config.name}, greedy, k = {SPEC_K}. Drafts copied from the context (prompt lookup): asked to "
                  f"repeat a sentence, {len(rep.new_ids)} tokens in {rep.target_forward_passes} target passes "
                  f"({passes_per_token(rep):.3g} per token), {100 * rep.acceptance_rate:.0f} % of drafted tokens "
                  f"accepted; with nothing to copy, {len(new.new_ids)} tokens in {new.target_forward_passes} passes "
-                 f"({100 * new.acceptance_rate:.0f} % accepted). Text identical to plain greedy decoding: "
-                 f"{'yes' if same else 'no'}. No smaller model shares SmolLM2's vocabulary offline; wall time: "
-                 f"see notebook 08", HOLDS if same and fast else ROUGHLY if same else DIFFERS)
+                 f"({100 * new.acceptance_rate:.0f} % accepted). The model's own int8 copy (a quarter of the bytes) "
+                 f"as the small drafting model, nothing to copy: {len(i8.new_ids)} tokens in "
+                 f"{i8.target_forward_passes} passes ({passes_per_token(i8):.3g} per token), "
+                 f"{100 * i8.acceptance_rate:.0f} % accepted. Text identical to plain greedy decoding: "
+                 f"{'yes' if same else 'no'}. Wall time: see notebook 08 and `python -m llmwalk.bench speculative`",
+                 HOLDS if same and fast else ROUGHLY if same else DIFFERS)
 
 
 def claims(model: "Model", comparisons: dict[str, Comparison] | None = None,
-           lookups: dict[str, tuple[SpeculativeResult, Generation]] | None = None) -> list[Claim]:
+           runs: dict[str, tuple[SpeculativeResult, Generation]] | None = None) -> list[Claim]:
     """Section 八, measured on `model` (SmolLM2) and on GPT-2 small's and LLaMA-7B's architectures.
 
     comparisons: accuracy(model, ...) with at least 'int8' and 'int4 g32 symmetric';
-    lookups: {'repeat': lookup_run(model), 'no copy': lookup_run(model, 'no copy')} — notebook 08 passes its own.
+    runs: speculative_runs(model) — notebook 08 passes its own.
     """
     gpt2 = gpt2_small(model)
     if comparisons is None:
         comparisons = accuracy(model, ("int8", "int4 g32 symmetric"))
-    if lookups is None:
-        lookups = {p: lookup_run(model, p) for p in ("repeat", "no copy")}
+    if runs is None:
+        runs = speculative_runs(model)
     return [_architecture_claim(gpt2, model),
             _rule_claim(gpt2, model, decode_step_measured(model)),
             _answer_claim(gpt2),
@@ -358,4 +369,4 @@ def claims(model: "Model", comparisons: dict[str, Comparison] | None = None,
             _kv_claim(gpt2, model, kv_cache_check(model)),
             _int8_claim(model, comparisons["int8"]),
             _int4_claim(model, comparisons["int4 g32 symmetric"], q4_1_grid_error(model)),
-            _speculative_claim(model, lookups)]
+            _speculative_claim(model, runs)]
