@@ -25,6 +25,18 @@ class Tokenizer:
             text = self.apply_chat_template([{"role": "user", "content": text}])
         return self._encode(text)
 
+    def text_ids(self, text: str) -> list[int]:
+        """The ids of `text` alone, without the special tokens encode() may add (Gemma-3's <bos> in front)."""
+        return self._encode(text, special=False)
+
+    def token_id(self, text: str) -> int:
+        """The id of a string that is exactly one token; a ValueError naming the fix otherwise."""
+        ids = self.text_ids(text)
+        if len(ids) != 1:
+            raise ValueError(f"{text!r} is {len(ids)} tokens {self.pieces(ids)} in {self.name}: "
+                             "pass one token (or its id)")
+        return ids[0]
+
     def decode(self, ids) -> str:
         """Token ids -> text (invalid UTF-8 at a cut shows as U+FFFD here; use `pieces` to see bytes)."""
         return self.token_bytes_of(ids).decode("utf-8", errors="replace")
@@ -63,7 +75,8 @@ class Tokenizer:
     # -- per backend --
     vocab_size: int
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, text: str, special: bool = True) -> list[int]:
+        """Text -> ids; special=False: no special tokens added around the text."""
         raise NotImplementedError
 
     def token_bytes(self, token_id: int) -> bytes:
@@ -99,8 +112,8 @@ class TiktokenTokenizer(Tokenizer):
         self.vocab_size = encoding.n_vocab
         self.eos_token_ids = (encoding.eot_token,)
 
-    def _encode(self, text: str) -> list[int]:
-        return self.encoding.encode(text, allowed_special="all")
+    def _encode(self, text: str, special: bool = True) -> list[int]:
+        return self.encoding.encode(text, allowed_special="all")     # tiktoken adds no special token of its own
 
     def token_bytes(self, token_id: int) -> bytes:
         return self.encoding.decode_single_token_bytes(token_id)
@@ -176,10 +189,10 @@ class HFTokenizer(Tokenizer):
         self._byte_level = decoder.get("type") == "ByteLevel"
         self._special = {t.content for t in self.backend.get_added_tokens_decoder().values() if t.special}
 
-    def _encode(self, text: str) -> list[int]:
+    def _encode(self, text: str, special: bool = True) -> list[int]:
         # add_special_tokens: the model's own post-processor decides (Gemma prepends <bos>, SmolLM2 adds nothing);
         # a chat template that already starts with the BOS token must not get a second one.
-        ids = self.backend.encode(text).ids
+        ids = self.backend.encode(text, add_special_tokens=special).ids
         bos = self.backend.token_to_id(self.meta.bos_token) if self.meta.bos_token else None
         if bos is not None and len(ids) > 1 and ids[0] == bos and ids[1] == bos:
             ids = ids[1:]

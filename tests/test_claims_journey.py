@@ -1,5 +1,5 @@
 """Sections 一 and 九 measured: the chain from the input to [EOS] on a real answer, the FLOPs of 9 tokens in and 50
-out, the one-second timings, and the full table: every section's own claims, 二 to 九, in the article's order."""
+out, the one-second timings, and the full table: every section's own claims, 一 to 九, in the article's order."""
 import inspect
 
 import pytest
@@ -15,7 +15,7 @@ from llmwalk.report import Claim
 from markers import needs_gemma
 
 VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
-SECTIONS = ("二", "三", "四", "五", "六", "七", "八", "九")     # claims.md, sections 2 to 9
+SECTIONS = ("一", "二", "三", "四", "五", "六", "七", "八", "九")     # claims.md, sections 1 to 9
 MODULES = (tokenization, embedding, layers, lm_head, sampling, autoregressive, cost_claims, J)
 
 
@@ -129,6 +129,18 @@ def test_one_second_claims(smollm2):
     assert "' Paris' first" in first.measured and first.verdict == "≈ roughly"
 
 
+def test_first_word_claims_are_notebook_01s_and_deterministic(smollm2):
+    """all_claims' section 一: the 巴 claim on notebook 01's journeys, without the wall-clock one."""
+    rows = J.first_word_claims(smollm2)
+    assert len(rows) == 1 and rows[0].section == "一" and rows[0].article == J.FIRST_WORD
+    j = lw.journey(smollm2, "The capital of France is", max_new_tokens=8)
+    zh = lw.journey(smollm2, "法国的首都是什么", chat=True, max_new_tokens=19)
+    assert rows[0] == J.one_second_claims(smollm2, j, zh)[1] == J.first_word_claims(smollm2)[0]
+    assert "' Paris' first (p = 0.773)" in rows[0].measured and f"{zh.answer.text!r}" in rows[0].measured
+    assert rows[0].verdict == "≈ roughly" and "巴 is not the first thing to appear" in rows[0].measured
+    assert J.one_second_claims(smollm2, j)[0].article == J.ONE_SECOND
+
+
 def test_first_word_round(smollm2):
     g = lw.generate(smollm2, "The capital of France is", max_new_tokens=2)
     assert J.first_word_round(smollm2, g, "Paris") == 1 and J.first_word_round(smollm2, g, "巴") is None
@@ -150,16 +162,24 @@ def test_all_claims_calls_every_section_in_order(monkeypatch):
     real = {m.__name__: m.claims for m in MODULES}
     for m in MODULES:
         monkeypatch.setattr(m, "claims", stub(m))
+
+    def first_word_claims(*args, **kwargs):                                # section 一: its deterministic claim
+        inspect.signature(real_first).bind(*args, **kwargs)
+        calls.append(("一", args, kwargs))
+        return [Claim("一", "said", "measured", "≈ roughly")]
+
+    real_first = J.first_word_claims
+    monkeypatch.setattr(J, "first_word_claims", first_word_claims)
     model = type("M", (), {"config": type("C", (), {"name": "small"}), "tokenizer": "tok-small"})()
     gemma = type("M", (), {"config": type("C", (), {"name": "gemma"}), "tokenizer": "tok-gemma"})()
     seconds = {}
     rows = J.all_claims(model, gemma, seconds=seconds)
-    assert tuple(r.section for r in rows) == SECTIONS == tuple(m.SECTION for m in MODULES)
+    assert tuple(r.section for r in rows) == SECTIONS == ("一", *(m.SECTION for m in MODULES))
     assert list(seconds) == list(SECTIONS) and all(s >= 0 for s in seconds.values())
     args = {section: (a, k) for section, a, k in calls}
     assert args["二"][0] == ({"small": "tok-small", "gemma": "tok-gemma"},)
     assert all(a[0] is model for s, (a, _) in args.items() if s != "二")
-    for s in ("五", "七", "九"):                                             # the Chinese rounds need Gemma
+    for s in ("一", "五", "七", "九"):                                       # the Chinese rounds need Gemma
         assert gemma in args[s][0] or gemma in args[s][1].values()
     assert list(args["三"][0][1]) == [gemma]
     calls.clear()

@@ -97,7 +97,7 @@ def test_other_tokenizers_are_reported(smollm2):
 def test_gemma_counts_leave_out_bos(gemma):
     tok = gemma.tokenizer
     assert tok.encode("巴黎")[0] == gemma.config.bos_token_id
-    assert tokenization.text_ids(tok, "巴黎") == tok.encode("巴黎")[1:] and len(tok.encode("巴黎")) == 2
+    assert tok.text_ids("巴黎") == tok.encode("巴黎")[1:] and len(tok.encode("巴黎")) == 2
     rows = tokenization.claims({"Gemma-3": tok})
     assert "Gemma-3: 1)" in rows[2].measured                                  # 巴黎 is one Gemma-3 token
     en, zh = len(tok.encode(tokenization.ENGLISH)) - 1, len(tok.encode(tokenization.QUESTION_MARKED)) - 1
@@ -105,7 +105,7 @@ def test_gemma_counts_leave_out_bos(gemma):
 
 
 def test_text_ids_drops_only_a_leading_bos(smollm2):
-    assert tokenization.text_ids(smollm2.tokenizer, "Paris") == smollm2.tokenizer.encode("Paris")
+    assert smollm2.tokenizer.text_ids("Paris") == smollm2.tokenizer.encode("Paris")
     table = tokenization.token_cost_table(["ab"], {"GPT-2": lw.gpt2_tokenizer()})
     assert table.rows == (("ab", "2", f"{len(lw.gpt2_tokenizer().encode('ab'))} (0.50)"),)
 

@@ -9,7 +9,19 @@ def test_journey_times_every_stage_and_answers(smollm2):
     assert smollm2.tokenizer.decode([j.first_token]) == " Paris"
     assert j.answer.new_ids[0] == j.first_token                      # the loop starts where the walk ended
     torch.testing.assert_close(j.probs, j.trace.logits[-1].softmax(-1))
-    assert [s[0] for s in j.stages()] == ["tokenize", "embedding", "30 × (attention + FFN)", "final norm",
-                                          "LM head", "softmax", "pick a token"]
-    assert j.stages()[1][1] == "[5] → [5, 576]" and j.stages()[4][1] == "[576] → [49152] logits"
+    assert [s[0] for s in j.stages()] == ["tokenize", "embedding", "30 × (attention + FFN)",
+                                          "final norm, last position", "LM head, last position", "softmax",
+                                          "pick a token"]
+    assert j.stages()[1][1] == "[5] → [5, 576]" and j.stages()[2][1] == "[5, 576] → [5, 576]"
+    assert j.stages()[3][1] == "[576] → [576]" and j.stages()[4][1] == "[576] → [49152] logits"
     assert all(s[2] >= 0 for s in j.stages()) and len([k for k in j.seconds if k.startswith("layer ")]) == 30
+
+
+def test_journey_runs_the_head_on_the_last_position_only(smollm2):
+    """Generation needs only the last position's logits: the journey's norm and LM head skip the other four."""
+    j = lw.journey(smollm2, "The capital of France is", max_new_tokens=1)
+    assert tuple(j.trace.final.shape) == (1, 576) and tuple(j.trace.logits.shape) == (1, 49152)
+    assert all(tuple(b.resid_post.shape) == (5, 576) for b in j.trace.layers)     # the layers still run all 5
+    full = lw.forward(smollm2, j.ids)
+    assert tuple(full.logits.shape) == (5, 49152)
+    torch.testing.assert_close(j.trace.logits[0], full.logits[-1], atol=1e-4, rtol=1e-4)

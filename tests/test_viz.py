@@ -158,6 +158,8 @@ def test_position_table_and_rope():
     assert angles.shape == (32, 20) and angles[0, 1] == pytest.approx(1.0)   # pair 0 turns 1 rad per position
     turns = fig.axes[1].lines[0].get_ydata()
     assert turns[0] == pytest.approx(2 * np.pi) and np.all(np.diff(turns) > 0)
+    assert turns[1] == pytest.approx(2 * np.pi * 10000.0 ** (2 / 64))   # 2π·θ^(2i/d) positions per turn
+    assert "2π·θ^(2i/d) positions" in fig.axes[1].get_title() and "pos /" not in fig.axes[1].get_title()
 
 
 def test_order_demo(model, tok):
@@ -165,6 +167,11 @@ def test_order_demo(model, tok):
     trace_a = lw.forward(model, a)
     fig = viz.order_demo(trace_a, lw.forward(model, b), tok.pieces(a), tok.pieces(b))
     assert "True" in fig.axes[0].get_title()                            # the same vectors, reordered
+    sim = fig.axes[0].images[0].get_array()
+    cells = [t.get_text() for t in fig.axes[0].texts]
+    assert len(cells) == sim.size == len(a) ** 2                         # every cell written, 2 decimals
+    assert cells == [f"{round(float(v), 2) or 0.0:.2f}" for v in sim.flatten()] and cells.count("1.00") >= len(a)
+    assert "cosine similarity" in [ax.get_ylabel() for ax in fig.axes]  # the colour bar, labelled
     bars = [p.get_height() for p in fig.axes[1].patches]
     assert len(bars) == 1 + model.config.n_layer
     assert bars[0] == pytest.approx(1.0) and min(bars[1:]) < 0.99       # identical without positions, not after
@@ -367,6 +374,57 @@ def test_token_chips_widget(tok):
     assert f"SmolLM2\n{len(tok.encode('人工智能'))} tokens" in texts(w.figure)
 
 
+WORDS = [" Paris", " London", " France", " king", " dog"]
+
+
+def test_similarity_widget_follows_its_twin(model, tok):
+    w = viz.similarity_widget(model, "Paris, London, France")
+    assert set(w.controls) == {"words", "space"} and w.error is None
+    before = png_of(w)
+    w.controls["words"].value = "Paris ,London,France， king, dog,"   # spaces and Chinese commas, a trailing comma
+    assert png_of(w) != before
+    rows = [tok.encode(word)[0] for word in WORDS]
+    twin = viz.similarity_matrix(model.weights.token_embd[rows], [repr(word) for word in WORDS])
+    assert signature(w.figure) == signature(twin)
+    w.controls["space"].value = False                                   # 'Paris' without its space: another row
+    assert tick_labels(w.figure.axes[0].yaxis)[0] == "'Paris'"
+
+
+def test_similarity_widget_explains_bad_words(model):
+    w = viz.similarity_widget(model, "Paris, 巴黎")
+    assert w.figure is None and "' 巴黎' is 6 tokens" in w.error and "one token" in w.error
+    message = w.output.outputs[0]
+    assert message["output_type"] == "stream" and message["text"].startswith("⚠ ' 巴黎' is 6 tokens")
+    assert "Traceback" not in message["text"]
+    w.controls["words"].value = "Paris"
+    assert w.figure is None and "at least two words" in w.error
+    w.controls["words"].value = "Paris, dog"                           # fixed: the figure is back
+    assert w.error is None and png_of(w)
+
+
+def test_next_token_widget_follows_its_twin(model, tok):
+    w = viz.next_token_widget(model, PROMPT, n=6)
+    assert set(w.controls) == {"prompt", "n", "chat"}
+    logits = lw.forward(model, tok.encode(PROMPT), last_only=True).logits[-1]
+    assert signature(w.figure) == signature(viz.prob_bars(logits, tok, n=6, title=f"after {PROMPT!r}"))
+    before = png_of(w)
+    w.controls["n"].value = 3                                           # the slider alone redraws
+    assert png_of(w) != before and len(w.figure.axes[0].patches) == 3
+    w.set(prompt=ZH, chat=True, n=5)
+    chat_logits = lw.forward(model, tok.encode(ZH, chat=True), last_only=True).logits[-1]
+    twin = viz.prob_bars(chat_logits, tok, n=5, title=f"after {ZH!r} (chat template)")
+    assert signature(w.figure) == signature(twin)
+
+
+def test_next_token_widget_explains_bad_prompts(model):
+    w = viz.next_token_widget(model, "")
+    assert w.figure is None and "prompt is empty" in w.error
+    assert w.output.outputs[0]["text"].startswith("⚠ the prompt is empty")
+    w.controls["prompt"].value = "I paid $5 and $6 for"                 # two $ would start mathtext
+    assert w.error is None and "$5" in w.figure.axes[0].get_title().replace("\\", "") and png_of(w)
+    assert "chat" not in viz.next_token_widget(SimpleNamespace(tokenizer=lw.gpt2_tokenizer()), "").controls
+
+
 def test_generation_widget_steps_like_generate(model, tok):
     w = viz.generation_widget(model, PROMPT, temperature=0.8, seed=3, n=5)
     first = png_of(w)
@@ -416,6 +474,24 @@ def test_attention_widget_never_raises(trace, tok, data):
 def test_token_chips_widget_never_raises(tok, text):
     w = viz.token_chips_widget({"SmolLM2": tok}, text)
     assert f"SmolLM2\n{len(tok.encode(text))} tokens" in texts(w.figure)
+
+
+@FUZZ
+@given(text=st.text(max_size=30), space=st.booleans())
+def test_similarity_widget_never_raises(model, text, space):
+    w = viz.similarity_widget(model, text, space)
+    assert (w.figure is None) != (w.error is None)                      # a figure or a message, never a traceback
+    if w.figure is not None:
+        assert png_of(w)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt=st.text(max_size=20), chat=st.booleans())
+def test_next_token_widget_never_raises(model, prompt, chat):
+    w = viz.next_token_widget(model, prompt, n=3, chat=chat)
+    assert (w.figure is None) != (w.error is None)
+    if w.figure is not None:
+        assert len(w.figure.axes[0].patches) == 3
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from ..embedding import apply_rope, rope_angles, token_embedding
 from ..layers import attention, causal_mask, norm
 from ..report import Claim
 from ..walk import forward
-from .tokenization import DIFFERS, HOLDS, ROUGHLY, text_ids
+from .tokenization import DIFFERS, HOLDS, ROUGHLY
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -28,7 +28,7 @@ NEAR = 20                                       # "near": among the 20 closest r
 
 def token_id(tokenizer, word: str) -> int:
     """The id of a word that is one token (e.g. ' Paris' with its leading space); an error if it is cut in pieces."""
-    ids = text_ids(tokenizer, word)
+    ids = tokenizer.text_ids(word)
     if len(ids) != 1:
         raise ValueError(f"{word!r} is {len(ids)} tokens {tokenizer.pieces(ids)} for {tokenizer.name}: "
                          "pick a word that is one token")

@@ -2,8 +2,9 @@
 
 `claims(model, gemma=None)` checks the conclusion's two sentences: the whole chain, from the input to [EOS], on a
 real answer that stops by itself; and "9 tokens in, 50 out, about 18 billion FLOPs", counted for GPT-2 small's
-architecture and for the model passed in, with and without a KV cache. `all_claims` calls every section's own
-`claims` (二 to 九, in the article's order): nothing is measured twice here.
+architecture and for the model passed in, with and without a KV cache. `one_second_claims` measures section 一.
+`all_claims` calls section 一's deterministic claim (first_word_claims) and every other section's own `claims`
+(二 to 九, in the article's order): nothing is measured twice here.
 """
 from __future__ import annotations
 
@@ -14,11 +15,12 @@ import torch
 
 from .. import cost
 from ..generate import Generation, generate
+from ..journey import journey as run_journey
 from ..report import Claim, Table, table
 from ..sampling import probs_after
 from ..tokens import gpt2_tokenizer
 from ..walk import Trace, forward
-from .autoregressive import GEMMA_PROMPT, Pass, recorded_passes
+from .autoregressive import GEMMA_PROMPT, QUESTION, Pass, recorded_passes
 from .cost import ratio_verdict
 from .sampling import TOP_P
 from .tokenization import DIFFERS, HOLDS, QUESTION_MARKED, ROUGHLY
@@ -33,6 +35,11 @@ TEMPERATURE, SEED = 0.7, 0                   # "Top-P 采样" with a chat temper
 PROMPT_LEN, NEW_TOKENS = 9, 50               # "输入 9 个 Token、输出 50 个 Token"
 ARTICLE_FLOPS = 18e9                         # "一次推理约 180 亿次浮点运算"
 GEMMA_TOKENS = 20                            # rounds given to Gemma-3 (a base model) on the Chinese question
+ONE_SECOND = "一秒钟后，屏幕上出现了答案 — a second after Enter the answer is on the screen"
+FIRST_WORD = "从按下回车到“巴”字出现 — from Enter until 巴 (Paris) appears"
+# notebook 01's three greedy journeys: the sentence SmolLM2 continues, QUESTION in its chat template, GEMMA_PROMPT
+CONTINUE, CONTINUE_TOKENS = "The capital of France is", 8
+QUESTION_TOKENS, GEMMA_ANSWER_TOKENS = 19, 6
 
 
 # ---------------------------------------------------------------- section 一: the one second
@@ -69,14 +76,23 @@ def one_second_claims(model: "Model", j: "Journey", zh: "Journey | None" = None,
     first = sum(cost.flops_by_stage(c, len(j.ids), last_only=True).values())
     whole = cost.generation_flops(c, len(j.ids), t["tokens"])
     when = HOLDS if t["answer"] < 1 else ROUGHLY if t["first_token"] < 1 else DIFFERS
-    rows = [Claim("一", "一秒钟后，屏幕上出现了答案 — a second after Enter the answer is on the screen",
+    return [Claim("一", ONE_SECOND,
                   f"{c.name} on this machine (CPU threads: {torch.get_num_threads()}), {j.prompt!r}: first token "
                   f"{1000 * t['first_token']:.0f} ms; the whole answer, {t['tokens']} tokens, "
                   f"{1000 * t['answer']:.0f} ms ({1000 * t['per_token']:.0f} ms per token after the first). "
                   f"The work behind it: {first / 1e6:.4g} M FLOPs for the first token, {whole / 1e9:.4g} B for the "
-                  f"answer (wall-clock: different on every run)", when)]
-    piece = lambda m, i: repr(m.tokenizer.decode([i]))                                              # noqa: E731
-    said = [f"{c.name}, {j.prompt!r}: {piece(model, j.first_token)} first (p = {float(j.probs[j.first_token]):.3g})"]
+                  f"answer (wall-clock: different on every run)", when),
+            first_word_claim(model, j, zh, gemma, gemma_j)]
+
+
+def first_word_claim(model: "Model", j: "Journey", zh: "Journey | None" = None, gemma: "Model | None" = None,
+                     gemma_j: "Journey | None" = None) -> Claim:
+    """Section 一's picture, "from Enter until 巴 appears": which token comes first, and when 巴 does (greedy)."""
+    def piece(m: "Model", i: int) -> str:
+        return repr(m.tokenizer.decode([i]))
+
+    said = [f"{model.config.name}, {j.prompt!r}: {piece(model, j.first_token)} first "
+            f"(p = {float(j.probs[j.first_token]):.3g})"]
     if zh is not None:
         said.append(f"chat-templated {zh.prompt!r}: {piece(model, zh.first_token)} first, {zh.answer.text!r}")
     round_ = None
@@ -88,9 +104,19 @@ def one_second_claims(model: "Model", j: "Journey", zh: "Journey | None" = None,
     restated = [g for g in (zh, gemma_j) if g is not None and not g.answer.text.startswith("巴")]
     note = ". Asked the question, the models first restate it: 巴 is not the first thing to appear" if restated else ""
     verdict = ROUGHLY if paris_first or round_ else DIFFERS
-    rows.append(Claim("一", "从按下回车到“巴”字出现 — from Enter until 巴 (Paris) appears",
-                      "; ".join(said) + note, verdict))
-    return rows
+    return Claim("一", FIRST_WORD, "; ".join(said) + note, verdict)
+
+
+def first_word_claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
+    """Section 一's claims that give the same result on every run, on notebook 01's three greedy journeys.
+
+    Only "巴 appears first": the other, "a second later the answer is on the screen", is a wall-clock time
+    (one_second_claims, notebook 01), different on every run and machine.
+    """
+    j = run_journey(model, CONTINUE, max_new_tokens=CONTINUE_TOKENS)
+    zh = run_journey(model, QUESTION, chat=True, max_new_tokens=QUESTION_TOKENS)
+    gemma_j = run_journey(gemma, GEMMA_PROMPT, max_new_tokens=GEMMA_ANSWER_TOKENS) if gemma is not None else None
+    return [first_word_claim(model, j, zh, gemma, gemma_j)]
 
 
 # ---------------------------------------------------------------- the chain, measured
@@ -225,13 +251,15 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
 # ---------------------------------------------------------------- every section
 
 def all_claims(model: "Model", gemma: "Model | None" = None, seconds: dict[str, float] | None = None) -> list[Claim]:
-    """Every section's claims (二 to 九) in the article's order, each measured by its own module.
+    """Every section's claims (一 to 九) in the article's order, each measured by its own module.
 
-    Pass a dict as `seconds` to get the wall time each section took (by section number).
+    Section 一 gives only its deterministic claim (first_word_claims): its "within one second" is a wall-clock
+    time. Pass a dict as `seconds` to get the wall time each section took (by section number).
     """
     from . import autoregressive, cost as cost_claims, embedding, layers, lm_head, sampling, tokenization
     others = [m for m in (gemma,) if m is not None]
-    sections = (("二", lambda: tokenization.claims({m.config.name: m.tokenizer for m in (model, *others)})),
+    sections = (("一", lambda: first_word_claims(model, gemma)),
+                ("二", lambda: tokenization.claims({m.config.name: m.tokenizer for m in (model, *others)})),
                 ("三", lambda: embedding.claims(model, others)),
                 ("四", lambda: layers.claims(model)),
                 ("五", lambda: lm_head.claims(model, gemma)),

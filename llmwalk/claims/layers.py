@@ -17,7 +17,7 @@ from ..layers import attention, causal_mask, ffn, norm
 from ..report import Claim
 from ..walk import Trace, forward
 from ..weights import tensors
-from .tokenization import DIFFERS, HOLDS, ROUGHLY, text_ids
+from .tokenization import DIFFERS, HOLDS, ROUGHLY
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -30,7 +30,7 @@ SMALL_STEP = 0.9     # a layer "adds to" the stream when its output keeps this c
 
 def one_token(tokenizer, word: str) -> int:
     """The id of a word that is one token (Gemma's <bos> left out); an error if the word is cut in pieces."""
-    ids = text_ids(tokenizer, word)
+    ids = tokenizer.text_ids(word)
     if len(ids) != 1:
         raise ValueError(f"{word!r} is {len(ids)} tokens {tokenizer.pieces(ids)} for {tokenizer.name}: "
                          "pick a word that is one token")

@@ -18,7 +18,7 @@ from ..report import Claim
 from ..tokens import gpt2_tokenizer
 from ..walk import forward
 from .layers import one_token
-from .tokenization import DIFFERS, HOLDS, ROUGHLY, UNCHECKABLE, text_ids
+from .tokenization import DIFFERS, HOLDS, ROUGHLY, UNCHECKABLE
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -47,7 +47,7 @@ def word_probs(model: "Model", ids: Sequence[int], words: Sequence[str]) -> tupl
     The prompt runs once into a KV cache; each word's pieces then run from there (the cache is rewound to the
     prompt between words). Returns (probs [vocab], {word: ids, pieces, one_token, chain, p, rank of the first piece}).
     """
-    pieces = {w: text_ids(model.tokenizer, w) for w in words}
+    pieces = {w: model.tokenizer.text_ids(w) for w in words}
     cache = KVCache.empty(model.config, len(ids) + max(len(p) for p in pieces.values()))
     probs = softmax(forward(model, ids, cache=cache, record=False, last_only=True).logits[-1])
     out = {}
@@ -73,7 +73,7 @@ def gemma_contexts(gemma: "Model") -> dict[str, list[int]]:
     """The three Chinese contexts measured on Gemma-3: the question, the bare sentence start, and the question
     followed by the start of Gemma's own answer (its tokens, as it writes them)."""
     tok = gemma.tokenizer
-    answer = [i for w in GEMMA_ANSWER_START for i in text_ids(tok, w)]
+    answer = [i for w in GEMMA_ANSWER_START for i in tok.text_ids(w)]
     return {GEMMA_QUESTION: tok.encode(GEMMA_QUESTION), GEMMA_PREFIX: tok.encode(GEMMA_PREFIX),
             GEMMA_QUESTION + "".join(GEMMA_ANSWER_START): tok.encode(GEMMA_QUESTION) + answer}
 

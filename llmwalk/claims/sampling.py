@@ -42,7 +42,7 @@ def next_token_logits(model: "Model", text: str, chat: bool = False) -> Tensor:
 
 def entropy(logits: Tensor, temperature: float = 1.0) -> float:
     """Entropy in nats of softmax(logits / T): 0 when one token is certain, ln(vocab) when all are equal."""
-    return float(torch.special.entr(probs_after(logits, temperature)).sum())
+    return float(torch.special.entr(probs_after(logits, temperature).double()).sum())   # float64: the same sum on any thread count
 
 
 def kept(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,

@@ -26,15 +26,6 @@ ARTICLE_QUESTION_TOKENS = 9              # "法国的首都是什么切成 9 个
 HOLDS, DIFFERS, ROUGHLY, UNCHECKABLE = "✓ holds", "✗ differs", "≈ roughly", "— not checkable here"
 
 
-def text_ids(tokenizer: Tokenizer, text: str) -> list[int]:
-    """The ids of `text` alone: without the <bos> token some tokenizers (Gemma-3) put in front of every text."""
-    ids = tokenizer.encode(text)
-    bos = getattr(getattr(tokenizer, "meta", None), "bos_token", None)
-    if bos and ids and tokenizer.pieces(ids[:1])[0] == bos:
-        ids = ids[1:]
-    return ids
-
-
 def visible(tokenizer: Tokenizer, ids) -> str:
     """The pieces of some ids on one line: '␣How|␣je|rist' (␣ a space, control characters and fragments as \\xNN)."""
     def show(piece):
@@ -46,7 +37,7 @@ def token_cost_table(texts: list[str], tokenizers: dict[str, Tokenizer]) -> Tabl
     """Tokens each tokenizer needs for each text (the <bos> left out), and tokens per character."""
     rows = []
     for text in texts:
-        counts = [len(text_ids(tok, text)) for tok in tokenizers.values()]
+        counts = [len(tok.text_ids(text)) for tok in tokenizers.values()]
         rows.append([text.replace("\n", "↵"), len(text)] + [f"{n} ({n / len(text):.2f})" for n in counts])
     return table(rows, ["text", "characters"] + [f"{name}: tokens (per char)" for name in tokenizers])
 
@@ -66,7 +57,7 @@ def _ids_claim(article_text: str, gpt2: Tokenizer, others: dict[str, Tokenizer],
         verdict = HOLDS
     else:
         verdict = ROUGHLY if len(real) == len(said) else DIFFERS
-    elsewhere = "".join(f"; {name}: {len(text_ids(tok, article_text))}" for name, tok in others.items())
+    elsewhere = "".join(f"; {name}: {len(tok.text_ids(article_text))}" for name, tok in others.items())
     return Claim(SECTION, f"{article_text} → {said} ({len(said)} token{'s' * (len(said) > 1)}){note}",
                  f"GPT-2: {real} ({len(real)} tokens{elsewhere}); "
                  f"in GPT-2 the article's ids are '{visible(gpt2, said)}'", verdict)
@@ -80,7 +71,7 @@ def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
     # "切成 9 个 Token，标点也占一个"
     n = len(gpt2.encode(QUESTION_MARKED))
     mark = n - len(gpt2.encode(QUESTION))
-    elsewhere = "".join(f"; {name}: {len(text_ids(tok, QUESTION_MARKED))}" for name, tok in others.items())
+    elsewhere = "".join(f"; {name}: {len(tok.text_ids(QUESTION_MARKED))}" for name, tok in others.items())
     rows.append(Claim(SECTION, f"{QUESTION_MARKED} is cut into {ARTICLE_QUESTION_TOKENS} tokens; punctuation takes one",
                       f"GPT-2: {n} tokens, '？' alone takes {mark}{elsewhere}",
                       HOLDS if n == ARTICLE_QUESTION_TOKENS and mark == 1 else DIFFERS))
@@ -91,7 +82,7 @@ def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
 
     # "英文切得更碎": the same question in English and in Chinese
     def pair(tok):
-        return len(text_ids(tok, ENGLISH)), len(text_ids(tok, QUESTION_MARKED))
+        return len(tok.text_ids(ENGLISH)), len(tok.text_ids(QUESTION_MARKED))
     en, zh = pair(gpt2)
     elsewhere = "".join("; {}: {} vs {}".format(name, *pair(tok)) for name, tok in others.items())
     rows.append(Claim(SECTION, "English is cut finer (than Chinese)",

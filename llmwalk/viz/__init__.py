@@ -9,12 +9,13 @@ from .cost import error_histogram, flops_bars, memory_bars, speculative_timeline
 from .embedding import order_demo, position_table, rope_frequencies, similarity_matrix, vector_strips
 from .fonts import use_cjk_font
 from .generation import generation_figure, generation_table
+from .journey import journey_diagram
 from .layers import ffn_widths, norm_stats, residual_norms
 from .lens import logit_lens_grid, logit_lens_top, token_rank
 from .sampling import prob_bars, sample_histogram, sampling_panel, surgery_plot
 from .tokens import token_chips, token_chips_compare
-from .widgets import (PlotWidget, attention_widget, generation_widget, logit_lens_widget, png, sampling_widget,
-                      token_chips_widget)
+from .widgets import (PlotWidget, attention_widget, generation_widget, logit_lens_widget, next_token_widget, png,
+                      sampling_widget, similarity_widget, token_chips_widget)
 
 use_cjk_font()
 _draw.show_figures_in_ipython()

@@ -70,7 +70,8 @@ def rope_frequencies(d_head: int = 64, theta: float = 10000.0, n_pos: int = 64) 
     left.set(xlabel="position", ylabel="dimension pair i", title=f"rotation angle (θ = {theta:g}, d_head = {d_head})")
     fig.colorbar(im, ax=left, shrink=0.8, label="angle (rad)")
     right.semilogy(range(half), (2 * np.pi / speed).numpy(), marker=".")
-    right.set(xlabel="dimension pair i", ylabel="positions per full turn", title="pair i turns by pos / θ^(2i/d)")
+    right.set(xlabel="dimension pair i", ylabel="positions per full turn",
+              title="pair i turns 1/θ^(2i/d) rad per position:\none full turn takes 2π·θ^(2i/d) positions")
     right.grid(alpha=0.3)
     return fig
 
@@ -83,8 +84,11 @@ def order_demo(trace_a, trace_b, labels_a: Sequence[str], labels_b: Sequence[str
     fig = new_figure(12, 4.2)
     left, right = fig.subplots(1, 2, width_ratios=(1, 1.8))
     sim = cosine(trace_a.tok_emb, trace_b.tok_emb)
-    im = heatmap(left, sim, labels_b, labels_a, cmap="RdBu_r", vmin=-1, vmax=1)
-    cell_text(left, im, [["1" if s > 0.9999 else "" for s in row] for row in sim])
+    im = heatmap(left, sim, labels_b, labels_a, cmap="RdBu_r", vmin=-1, vmax=1, colorbar="cosine similarity")
+    if max(sim.shape) <= 12:                          # small enough to write every value in its cell
+        cell_text(left, im, [[f"{round(float(s), 2) or 0.0:.2f}" for s in row] for row in sim], fontsize=7)
+    else:                                             # only mark the pairs that are the same vector
+        cell_text(left, im, [["1" if s > 0.9999 else "" for s in row] for row in sim])
     same = torch.equal(trace_a.tok_emb[order_a], trace_b.tok_emb[order_b])
     left.set_title(f"token vectors: cosine similarity\nthe same vectors in another order: {same}")
     stages = [("tokens", trace_a.tok_emb, trace_b.tok_emb)]

@@ -12,23 +12,47 @@ CONTEXT = 12      # context tokens shown per round; earlier ones become "…"
 
 
 def _contexts(steps, tokenizer, prompt_ids: Sequence[int]) -> list[list[str]]:
-    """The pieces each round saw: the prompt and every token chosen before it."""
-    pieces = tokenizer.pieces(prompt_ids) + [s.token for s in steps]
+    """The pieces each round saw: `prompt_ids` (the prompt plus every token chosen before steps[0]) and the steps.
+
+    Raises ValueError when a round's context would not be as long as the step's `context_len`: a slice of the
+    steps passed with the bare prompt would silently drop the tokens generated before it.
+    """
+    for k, step in enumerate(steps):
+        if len(prompt_ids) + k != step.context_len:
+            raise ValueError(f"round {step.index} saw {step.context_len} tokens, but prompt_ids ({len(prompt_ids)}) "
+                             f"plus the {k} steps before it make {len(prompt_ids) + k}: pass the prompt plus the "
+                             f"tokens generated before steps[0] (e.g. g.prompt_ids + g.new_ids[:{steps[0].index - 1}])")
+    pieces = tokenizer.pieces(list(prompt_ids)) + [s.token for s in steps]
     return [pieces[:len(prompt_ids) + k] for k in range(len(steps))]
 
 
+def _model_p(step) -> str:
+    """The chosen token's probability under the raw model (softmax at T = 1), from step.top; "–" if not in it."""
+    return next((f"{p:.3f}" for i, _, p in step.top if i == step.token_id), "–")
+
+
 def generation_table(steps, tokenizer, prompt_ids: Sequence[int]) -> Table:
-    """One row per round like the article's 第1轮 … 第4轮: the context, the tokens run, the chosen token and p."""
+    """One row per round like the article's 第1轮 … 第4轮: the context, the tokens run, the chosen token and p.
+
+    prompt_ids: the prompt plus every token generated before steps[0] (for g.steps[a:b]: g.prompt_ids + g.new_ids[:a]).
+    p is the chosen token's chance under the distribution it was drawn from (1.000 for greedy); when the steps
+    carry the model's top tokens (generate's steps do), "model p" adds its probability under the raw softmax.
+    """
+    raw = any(s.top for s in steps)
     rows = []
     for step, context in zip(steps, _contexts(steps, tokenizer, prompt_ids)):
         shown = ("[…, " if len(context) > CONTEXT else "[") + ", ".join(show_piece(p) for p in context[-CONTEXT:]) + "]"
         rows.append((f"第{step.index}轮", str(step.context_len), str(step.input_len), shown, show_piece(step.token),
-                     f"{step.prob:.3f}"))
-    return table(rows, ("round", "context length", "tokens run", "context", "→ token", "p"))
+                     f"{step.prob:.3f}", *((_model_p(step),) if raw else ())))
+    return table(rows, ("round", "context length", "tokens run", "context", "→ token", "p",
+                        *(("model p",) if raw else ())))
 
 
 def generation_figure(steps, tokenizer, prompt_ids: Sequence[int]) -> Figure:
-    """The rounds as token chips: the context, an arrow, the chosen token with its probability."""
+    """The rounds as token chips: the context, an arrow, the chosen token with its probability.
+
+    prompt_ids: the prompt plus every token generated before steps[0] (for g.steps[a:b]: g.prompt_ids + g.new_ids[:a]).
+    """
     rows = []
     for step, context in zip(steps, _contexts(steps, tokenizer, prompt_ids)):
         chips = [Chip("…", color=None)] if len(context) > CONTEXT else []

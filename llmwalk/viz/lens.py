@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from ..head import logit_lens
 from ._draw import cell_text, heatmap, labels, new_figure, show_piece
@@ -49,11 +49,7 @@ def logit_lens_top(trace, model, position: int = -1, k: int = 5) -> Figure:
 def token_rank(trace, model, token: int | str, position: int = -1) -> Figure:
     """Rank (log scale) and probability of one token, layer by layer, at one position."""
     if isinstance(token, str):
-        ids = model.tokenizer.encode(token)
-        if len(ids) != 1:
-            raise ValueError(f"{token!r} is {len(ids)} tokens {model.tokenizer.pieces(ids)}: pass one token "
-                             "(or its id)")
-        token = ids[0]
+        token = model.tokenizer.token_id(token)     # without the <bos> Gemma's encode() puts in front
     logits = lens_logits(trace, model, position)                       # [n_layer + 1, vocab]
     rank = (logits > logits[:, token:token + 1]).sum(-1).numpy() + 1
     prob = torch.softmax(logits, dim=-1)[:, token].numpy()
@@ -64,6 +60,7 @@ def token_rank(trace, model, token: int | str, position: int = -1) -> Figure:
     ax.set_ylim(rank.max() * 2, 0.7)                                   # rank 1 on top
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     word = show_piece(model.tokenizer.pieces([token])[0])
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))            # layers are whole numbers: no 2.5
     ax.set(xlabel="layer (0 = embedding)", title=f"“{word}” after each layer")
     ax.grid(alpha=0.3)
     right = ax.twinx()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.transforms import ScaledTranslation
 from torch import Tensor
 
 from ..sampling import apply_temperature, min_p_filter, probs_after, surgery, top_k_filter, top_p_filter
@@ -24,6 +25,28 @@ def _cuts(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, to
     return x.isfinite(), left
 
 
+def _values_at_right(ax) -> None:
+    """Move the value labels token_bars wrote after each bar to a column right of the axes, clear of any line."""
+    for text in ax.texts:
+        text.set_x(1.0)
+        text.set_transform(ax.get_yaxis_transform())              # x: axes fraction, y: the bar's row
+        text.set_horizontalalignment("left")
+
+
+def _legend_below(ax, handles, texts, drop: float = 0.45) -> None:
+    """The legend under the x axis label (`drop` inches below the axes), where it can hide no bar and no label."""
+    below = ax.transAxes + ScaledTranslation(0, -drop, ax.figure.dpi_scale_trans)
+    ax.legend(handles, texts, loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=below, fontsize=8,
+              frameon=False)
+
+
+def _settings(temperature, top_k=None, top_p=None, min_p=None) -> str:
+    """'T = 0.7, top-k = 50, top-p = 0.9': the settings in effect, for a title or label."""
+    parts = [f"T = {temperature:g}"] + [f"{name} = {value:g}" for name, value in
+                                       (("top-k", top_k), ("top-p", top_p), ("min-p", min_p)) if value is not None]
+    return ", ".join(parts)
+
+
 def _prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min_p, n: int, chosen: int | None,
                title: str | None) -> None:
     """Bars of the ÷T distribution's top n, removed tokens grey, cumulative mass line and the cuts marked."""
@@ -34,10 +57,11 @@ def _prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min_p, 
     ids = top.indices.tolist()
     colors = [CHOSEN if i == chosen else KEPT if kept[i] else REMOVED for i in ids]
     token_bars(ax, labels(tokenizer, ids), top.values.numpy(), colors)
+    _values_at_right(ax)
     after_k = bool(top_k and temperature)                     # top-p adds up what top-k left, renormalized
     seen = top_k_filter(scaled, top_k).softmax(-1) if after_k else probs
-    ax.plot(seen[ids].cumsum(0).numpy(), range(len(ids)), color="#f58518", marker=".", lw=1,
-            label="cumulative" + (" after top-k" if after_k else ""))
+    line, = ax.plot(seen[ids].cumsum(0).numpy(), range(len(ids)), color="#f58518", marker=".", lw=1,
+                    label="cumulative" + (" after top-k" if after_k else ""))
     marks: dict[int, list[str]] = {}
     for name, count in left.items():
         marks.setdefault(count, []).append(name)
@@ -46,9 +70,14 @@ def _prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min_p, 
             ax.axhline(count - 0.5, color="#222", ls="--", lw=1)
             ax.text(0.55, count - 0.5, "✂ " + " · ".join(names), ha="center", va="center", fontsize=8,
                     transform=ax.get_yaxis_transform(), bbox=dict(fc="white", ec="#222", boxstyle="round"))
-    ax.set(xlim=(0, 1.05), xlabel=f"probability (T = {temperature or 1:g})",
+    t = f"{temperature or 1:g}"
+    cuts = " · ".join(f"{name} keeps {count:,}" for name, count in left.items()) or "no cut"
+    ax.set(xlim=(0, 1.05), xlabel=f"probability at T = {t}   ({cuts})",
            title=title or f"{int(kept.sum())} of {len(kept)} tokens kept")
-    ax.legend(loc="best", fontsize=8)
+    bars = f"bars: probability at T = {t}" + (", before the cuts (grey: cut)" if left else "") + "; value at right"
+    total = ("line: running total after top-k, i.e. of top-k's survivors renormalized (top-p cuts where it reaches p)"
+             if after_k else "line: running total of the bars" + (" (top-p cuts where it reaches p)" if top_p else ""))
+    _legend_below(ax, [ax.containers[0], line], [bars, total])
 
 
 def prob_bars(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,
@@ -118,6 +147,11 @@ def sample_histogram(logits: Tensor, tokenizer, n_samples: int = 1000, temperatu
     token_bars(ax, names, shown_freq, [KEPT] * len(ids) + [REMOVED])
     ax.scatter(shown_theory, range(len(names)), marker="|", s=250, linewidths=2, color=CHOSEN, zorder=3,
                label="probability (probs_after)")
-    ax.set(xlabel="share of draws", title=f"{n_samples} draws (seed {seed}, T = {temperature:g})")
-    ax.legend(loc="lower right", fontsize=8)
+    for text, x in zip(ax.texts, np.maximum(shown_freq, shown_theory)):
+        text.set_x(x)                                         # past the red tick too, so it never crosses a value
+    settings = _settings(temperature, top_k, top_p, min_p)
+    ax.set(xlabel="share of draws", title=f"{n_samples} draws (seed {seed}, {settings})")
+    _legend_below(ax, [ax.containers[0], ax.collections[0]],
+                  ["bars: share of the draws (grey: all other tokens together)",
+                   "red tick: probability after the cuts (probs_after)"])
     return fig

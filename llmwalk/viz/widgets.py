@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import time
+import warnings
 from typing import Callable
 
 import ipywidgets as W
@@ -17,6 +19,7 @@ from ..generate import Step
 from ..sampling import probs_after, sample
 from ..walk import forward
 from .attention import attention_heatmap
+from .embedding import similarity_matrix
 from .generation import generation_table
 from .lens import logit_lens_top
 from .sampling import prob_bars, sampling_panel
@@ -31,15 +34,22 @@ def png(fig: Figure) -> bytes:
 
 
 class PlotWidget:
-    """Controls bound to a plot: every change calls plot(**values) and shows the new `figure` in `output`."""
+    """Controls bound to a plot: every change calls plot(**values) and shows the new `figure` in `output`.
+
+    A ValueError from the plot (input it cannot draw) is shown as a message instead of a figure: `figure` is then
+    None and `error` holds the message.
+    """
 
     def __init__(self, plot: Callable[..., Figure], controls: dict[str, W.Widget], below: tuple[W.Widget, ...] = ()):
         self.plot, self.controls = plot, controls
         self.output = W.Output()
         self.figure: Figure | None = None
+        self.error: str | None = None
         self._holding = False
         for control in self._value_controls().values():
             control.observe(self.redraw, names="value")
+            if hasattr(control.style, "description_width"):
+                control.style.description_width = "initial"      # the whole label ("temperature"), not "temperat…"
         self.box = W.VBox([W.HBox(list(controls.values()), layout=W.Layout(flex_flow="row wrap")), self.output,
                            *below])
         self.redraw()
@@ -66,8 +76,16 @@ class PlotWidget:
         """Call the plot with the current values and show the figure (replacing the previous one)."""
         if self._holding:
             return
-        self.figure = self.plot(**self.values)
-        data = {"image/png": base64.b64encode(png(self.figure)).decode(), "text/plain": repr(self.figure)}
+        try:
+            self.figure, self.error = self.plot(**self.values), None
+            with warnings.catch_warnings():           # typed text in a script no font has: boxes, not a warning
+                warnings.filterwarnings("ignore", "Glyph .* missing from font")
+                image = png(self.figure)
+        except ValueError as e:               # bad input: say what to change, no traceback
+            self.figure, self.error = None, str(e)
+            self.output.outputs = ({"output_type": "stream", "name": "stdout", "text": f"⚠ {e}\n"},)
+            return
+        data = {"image/png": base64.b64encode(image).decode(), "text/plain": repr(self.figure)}
         self.output.outputs = ({"output_type": "display_data", "data": data, "metadata": {}},)
 
     def _ipython_display_(self) -> None:
@@ -112,6 +130,72 @@ def token_chips_widget(tokenizers: dict, text: str = "法国的首都是什么")
     """A text box bound to token_chips_compare."""
     return PlotWidget(lambda text: token_chips_compare(text, tokenizers), {
         "text": W.Text(value=text, description="text", continuous_update=False, layout=W.Layout(width="60%"))})
+
+
+def _words(text: str, space: bool) -> list[str]:
+    """Comma-separated words, each with a leading space (as in the middle of a sentence) if `space`."""
+    words = [w.strip() for w in re.split("[,，、]", text)]          # Chinese commas too
+    return [" " * space + w for w in words if w]
+
+
+def _one_token(tokenizer, word: str) -> int:
+    """The id of a word that is one token; a ValueError naming the fix if the tokenizer cuts it in pieces."""
+    try:
+        return tokenizer.token_id(word)
+    except ValueError as e:
+        raise ValueError(f"{e}. The table has one row per token: remove the word or type one that is one token"
+                         + (", or untick 'leading space' (a word that starts a text, and Chinese, usually has none)"
+                            if word.startswith(" ") else "")) from None
+
+
+def _label(word: str) -> str:
+    """repr(word) as a tick label: two $ would start mathtext."""
+    label = repr(word)
+    return label.replace("$", r"\$") if label.count("$") >= 2 else label
+
+
+def similarity_widget(model, words: str = "Paris, London, France, Germany, king, queen, dog, cat",
+                      space: bool = True, max_words: int = 20) -> PlotWidget:
+    """A text box of comma-separated words bound to similarity_matrix of their rows of the token embedding table.
+
+    Each word must be one token of the model's vocabulary; a word cut in pieces gets a message, not a figure.
+    """
+    def plot(words, space):
+        chosen = _words(words, space)
+        if len(chosen) < 2:
+            raise ValueError("type at least two words, separated by commas (e.g. Paris, London, dog)")
+        if len(chosen) > max_words:
+            raise ValueError(f"{len(chosen)} words: type at most {max_words}")
+        rows = [_one_token(model.tokenizer, w) for w in chosen]
+        return similarity_matrix(model.weights.token_embd[rows], [_label(w) for w in chosen])
+    return PlotWidget(plot, {
+        "words": W.Text(value=words, description="words", continuous_update=False, layout=W.Layout(width="60%")),
+        "space": W.Checkbox(value=space, description="leading space", indent=False)})
+
+
+def next_token_widget(model, prompt: str = "The capital of France is", n: int = 10, chat: bool = False) -> PlotWidget:
+    """A prompt box (and a slider for how many bars) bound to prob_bars of the model's next-token distribution.
+
+    With a chat template, a 'chat template' box wraps the prompt as a user message, as a chat app sends it.
+    """
+    last: dict = {}                                   # the last prompt's logits: moving the slider reruns nothing
+
+    def plot(prompt, n, chat=False):
+        if (prompt, chat) not in last:
+            ids = model.tokenizer.encode(prompt, chat=chat)
+            if not ids:
+                raise ValueError("the prompt is empty: type some text, the model predicts the token after it")
+            last.clear()
+            last[prompt, chat] = forward(model, ids, record=False, last_only=True).logits[-1]
+        shown = _label(prompt if len(prompt) <= 50 else "…" + prompt[-49:])
+        return prob_bars(last[prompt, chat], model.tokenizer, n=n,
+                         title=f"after {shown}" + (" (chat template)" if chat else ""))
+    controls = {"prompt": W.Text(value=prompt, description="prompt", continuous_update=False,
+                                 layout=W.Layout(width="60%")),
+                "n": W.IntSlider(value=n, min=1, max=30, description="bars", continuous_update=False)}
+    if model.tokenizer.chat_template is not None:
+        controls["chat"] = W.Checkbox(value=chat, description="chat template", indent=False)
+    return PlotWidget(plot, controls)
 
 
 class GenerationWidget(PlotWidget):

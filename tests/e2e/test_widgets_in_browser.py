@@ -35,11 +35,20 @@ def figure(cell) -> str:
     return cell.locator(".widget-output img").first.get_attribute("src")
 
 
-def wait_for_new_figure(page, cell, before: str) -> str:
+def wait_for_new_figure(page, cell, before: str, quiet_ms: int = 2000) -> str:
+    """The figure once it differs from `before` and has stopped changing.
+
+    Every arrow-key press commits a slider value and the kernel redraws for each, one after another: the first new
+    figure is only an intermediate one. So wait until no new figure has come for `quiet_ms`.
+    """
     handle = cell.element_handle()
     page.wait_for_function("([c, b]) => { const i = c.querySelector('.widget-output img'); return i && i.src !== b; }",
                            arg=[handle, before], timeout=120_000)
-    return figure(cell)
+    last = None
+    while (current := figure(cell)) != last:
+        last = current
+        page.wait_for_timeout(quiet_ms)
+    return current
 
 
 def readout(page, cell, label: str) -> str:

@@ -1,0 +1,110 @@
+"""llmwalk.viz on whole journeys: the round table and chips of a slice of the rounds, and the journey diagram."""
+import dataclasses
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+import llmwalk as lw  # noqa: E402
+import llmwalk.viz as viz  # noqa: E402
+from llmwalk.viz._draw import show_piece  # noqa: E402
+
+PROMPT = "The capital of France is"
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """On a shared 2-core machine two torch threads wait on each other."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def answer(smollm2):
+    return lw.generate(smollm2, PROMPT, 7)
+
+
+@pytest.fixture(scope="module")
+def chat_journey(smollm2):
+    return lw.journey(smollm2, QUESTION, chat=True, max_new_tokens=20)
+
+
+def texts(fig: Figure) -> list[str]:
+    """Every text drawn in a figure (titles, tick labels, annotations)."""
+    return [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
+
+
+# ---------------------------------------------------------------- a slice of the rounds
+
+def test_a_slice_with_its_prefix_shows_the_real_context(smollm2, answer):
+    tok, g = smollm2.tokenizer, answer
+    steps, prefix = g.steps[3:6], g.prompt_ids + g.new_ids[:3]
+    table = viz.generation_table(steps, tok, prefix)
+    assert [r[0] for r in table.rows] == ["第4轮", "第5轮", "第6轮"]
+    whole = [show_piece(p) for p in tok.pieces(g.ids)]
+    for row, step in zip(table.rows, steps):                 # round k saw the prompt and the k - 1 tokens before it
+        assert row[1] == str(step.context_len) and row[4] == show_piece(step.token)
+        assert row[3] == "[" + ", ".join(whole[:step.context_len]) + "]"
+    drawn = texts(viz.generation_figure(steps, tok, prefix))
+    assert "round 4" in drawn and "round 3" not in drawn
+    assert all(p in drawn for p in whole[:steps[-1].context_len])   # the tokens chosen in rounds 1-3 are there
+    full = viz.generation_table(g.steps, tok, g.prompt_ids)
+    assert table.rows == full.rows[3:6]                        # the same rows as in the table of every round
+
+
+@pytest.mark.parametrize("draw", [viz.generation_table, viz.generation_figure])
+def test_a_slice_with_the_bare_prompt_raises(smollm2, answer, draw):
+    g = answer
+    with pytest.raises(ValueError, match=r"pass the prompt plus the tokens generated before steps\[0\]") as e:
+        draw(g.steps[3:6], smollm2.tokenizer, g.prompt_ids)
+    assert "g.new_ids[:3]" in str(e.value)
+    with pytest.raises(ValueError, match="round 1 saw 5 tokens"):
+        draw(g.steps, smollm2.tokenizer, g.prompt_ids[1:])     # too short a prompt: wrong from round 1
+
+
+def test_table_adds_the_model_probability(smollm2, answer):
+    table = viz.generation_table(answer.steps, smollm2.tokenizer, answer.prompt_ids)
+    assert table.header[-2:] == ("p", "model p")
+    assert [r[5] for r in table.rows] == ["1.000"] * 7                        # greedy: the drawn token had p = 1
+    assert [r[6] for r in table.rows] == [f"{s.top[0][2]:.3f}" for s in answer.steps]   # greedy: the top token
+    bare = [dataclasses.replace(s, top=()) for s in answer.steps]              # without the model's view
+    assert len(viz.generation_table(bare, smollm2.tokenizer, answer.prompt_ids).header) == 6
+
+
+# ---------------------------------------------------------------- the journey diagram
+
+def test_journey_diagram_shows_every_stage_and_its_shape(chat_journey):
+    j = chat_journey
+    fig = viz.journey_diagram(j)
+    assert isinstance(fig, Figure)
+    drawn = texts(fig)
+    boxes = [t for t in drawn if "\n" in t]                    # one box per stage: its name, then its shape
+    stages = j.stages()
+    assert len(boxes) == len(stages) + 2                       # the input before, the token chosen after
+    assert [b.split("\n", 1)[1] for b in boxes[1:-1]] == [shape for _, shape, _ in stages]
+    names = [b.split("\n", 1)[0] for b in boxes]
+    assert names[:4] == ["输入", "Token 化", "Embedding", "30 × Attention/FFN"]
+    assert names[-4:] == ["LM Head, last position", "Softmax", "pick a token (greedy)", "输出词"]
+    assert "[37, 576] → [37, 576]" in boxes[3] and "[576] → [49152] logits" in boxes[5]
+    assert boxes[-1] == f"输出词\n{show_piece(j.answer.steps[0].token)!r}"
+    loop = next(t for t in drawn if t.startswith("加回输入"))
+    steps = j.answer.steps
+    assert f"rounds 2–{len(steps)}" in loop and "1 new token each (KV cache)" in loop
+    assert j.answer.stopped == "eos" and loop.endswith(f"until {show_piece(steps[-1].token)} = [EOS]")
+    assert any(t.startswith(f"round 1: the first token, {len(j.ids)} tokens in") for t in drawn)
+
+
+def test_journey_diagram_without_end_token(smollm2):
+    j = lw.journey(smollm2, PROMPT, max_new_tokens=3)
+    drawn = texts(viz.journey_diagram(j))
+    assert "Embedding\n[5] → [5, 576]" in drawn and "输出词\n'␣Paris'" in drawn
+    assert any(t.endswith("stopped by max_new_tokens = 3: no [EOS]") for t in drawn)
+    one = lw.journey(smollm2, PROMPT, max_new_tokens=1)
+    assert any("no second round" in t for t in texts(viz.journey_diagram(one)))

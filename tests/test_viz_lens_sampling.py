@@ -1,0 +1,176 @@
+"""viz.token_rank (integer layer ticks, one-token strings without <bos>) and the sampling plots' readability:
+value labels clear of the cumulative line and the red ticks, legends clear of every bar, settings in the titles."""
+import copy
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
+from tokenizers import Tokenizer as HFBackend  # noqa: E402
+from tokenizers.processors import TemplateProcessing  # noqa: E402
+
+import llmwalk as lw  # noqa: E402
+import llmwalk.viz as viz  # noqa: E402
+
+from markers import needs_gemma  # noqa: E402
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """On a shared 2-core machine two torch threads wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def model(smollm2):
+    return smollm2
+
+
+@pytest.fixture(scope="module")
+def trace(model):
+    return lw.forward(model, model.tokenizer.encode(PROMPT))
+
+
+@pytest.fixture(scope="module")
+def wide(model):
+    return lw.forward(model, model.tokenizer.encode("My favourite food is"), record=False, last_only=True).logits[0]
+
+
+def with_bos(tokenizer):
+    """SmolLM2's tokenizer with a post-processor that puts <|endoftext|> in front of every text, as Gemma's does."""
+    bos = copy.copy(tokenizer)
+    bos.backend = HFBackend.from_str(tokenizer.backend.to_str())
+    eot = tokenizer.backend.token_to_id("<|endoftext|>")
+    bos.backend.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", eot)])
+    return bos
+
+
+# ---------------------------------------------------------------- token_rank
+
+def test_token_rank_ticks_whole_layers(trace, model):
+    gemma_sized = SimpleNamespace(resid=trace.resid[:19])          # embedding + 18 layers, as in Gemma-3-270M
+    fig = viz.token_rank(gemma_sized, model, " Paris")
+    fig.draw_without_rendering()
+    ticks = [t for t in fig.axes[0].get_xticks() if 0 <= t <= 18]
+    assert len(ticks) >= 4 and all(float(t).is_integer() for t in ticks), ticks
+
+
+def test_token_id_ignores_the_bos_the_tokenizer_adds(model, trace):
+    tok = with_bos(model.tokenizer)
+    paris = model.tokenizer.encode(" Paris")
+    assert len(paris) == 1 and tok.encode(" Paris")[1:] == paris and len(tok.encode(" Paris")) == 2
+    assert tok.token_id(" Paris") == paris[0]
+    bos_model = SimpleNamespace(tokenizer=tok, weights=model.weights, config=model.config)
+    fig = viz.token_rank(trace, bos_model, " Paris")
+    by_id = viz.token_rank(trace, model, paris[0])
+    assert np.array_equal(fig.axes[0].lines[0].get_ydata(), by_id.axes[0].lines[0].get_ydata())
+    assert fig.axes[0].get_title() == by_id.axes[0].get_title()
+    with pytest.raises(ValueError, match="3 tokens"):              # the clear error still comes, without the <bos>
+        viz.token_rank(trace, bos_model, " Parisians and")
+
+
+def test_token_id_on_gpt2_tiktoken():
+    tok = lw.gpt2_tokenizer()
+    assert tok.token_id(" Paris") == tok.encode(" Paris")[0]
+    with pytest.raises(ValueError, match="2 tokens"):
+        tok.token_id(" Paris is")
+
+
+@needs_gemma
+def test_token_rank_on_gemma_takes_a_chinese_word():
+    gemma = lw.load_model("gemma3-270m", progress=False)
+    ids = gemma.tokenizer.encode("法国的首都是")
+    assert ids[0] == gemma.config.bos_token_id                     # Gemma's tokenizer adds <bos> to every text
+    g_trace = lw.forward(gemma, ids)
+    paris = gemma.tokenizer.token_id("巴黎")
+    assert gemma.tokenizer.pieces([paris]) == ["巴黎"]
+    by_word, by_id = viz.token_rank(g_trace, gemma, "巴黎"), viz.token_rank(g_trace, gemma, paris)
+    assert np.array_equal(by_word.axes[0].lines[0].get_ydata(), by_id.axes[0].lines[0].get_ydata())
+
+
+# ---------------------------------------------------------------- sampling: nothing hides anything
+
+def drawn(fig):
+    """Lay the figure out on an Agg canvas (llmwalk's figures live outside pyplot) and return its renderer."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def extents(fig, artists) -> list[Bbox]:
+    renderer = fig.canvas.get_renderer()
+    return [a.get_window_extent(renderer) for a in artists]
+
+
+def value_labels(ax) -> list:
+    return [t for t in ax.texts if t.get_text().strip().replace(".", "", 1).isdigit()]
+
+
+def line_points(ax, line, per_segment: int = 40) -> np.ndarray:
+    """Points along a line (display coordinates), dense enough that a label it crosses contains one."""
+    xy = ax.transData.transform(line.get_xydata())
+    t = np.linspace(0, 1, per_segment)[:, None]
+    return np.concatenate([a + t * (b - a) for a, b in zip(xy[:-1], xy[1:])])
+
+
+def bar_boxes(fig, ax) -> list[Bbox]:
+    return extents(fig, [p for p in ax.patches if p.get_width() > 0])
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=2.0), dict(top_p=0.9, n=15), dict(top_k=5),
+                                dict(temperature=0.7, top_k=50, top_p=0.9), dict(temperature=0)])
+def test_prob_bars_labels_clear_of_the_line_and_legend_clear_of_bars(trace, model, kw):
+    fig = viz.prob_bars(trace.logits[-1], model.tokenizer, **{"n": 12, **kw})
+    renderer = drawn(fig)
+    ax = fig.axes[0]
+    labels = value_labels(ax)
+    assert len(labels) == len(ax.patches)
+    points = line_points(ax, ax.lines[0])
+    for box in extents(fig, labels):
+        x, y = points.T
+        assert not ((x >= box.x0) & (x <= box.x1) & (y >= box.y0) & (y <= box.y1)).any()
+    legend = ax.get_legend().get_window_extent(renderer)
+    for box in bar_boxes(fig, ax) + extents(fig, labels):
+        assert not legend.overlaps(box)
+
+
+def test_sampling_panel_says_what_bars_and_line_are(model, wide):
+    fig = viz.sampling_panel(wide, model.tokenizer, temperature=0.7, top_k=50, top_p=0.9)
+    ax = fig.axes[0]
+    bars, line = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert "T = 0.7" in bars and "before the cuts" in bars
+    assert "after top-k" in line and "renormalized" in line
+    scaled = wide.float() / 0.7
+    top = scaled.softmax(-1).topk(10)
+    survivors = lw.top_k_filter(scaled, 50).softmax(-1)
+    assert np.allclose([p.get_width() for p in ax.patches], top.values.numpy(), atol=1e-6)    # bars: before top-k
+    assert ax.lines[0].get_xdata()[0] == pytest.approx(float(survivors[top.indices[0]]), abs=1e-6)
+    assert "top-k = 50 keeps 50" in ax.get_xlabel() and "top-p = 0.9 keeps" in ax.get_xlabel()
+
+
+def test_sample_histogram_title_legend_and_labels(model, wide):
+    fig = viz.sample_histogram(wide, model.tokenizer, 1000, temperature=0.7, top_p=0.9, seed=0)
+    renderer = drawn(fig)
+    ax = fig.axes[0]
+    assert ax.get_title() == "1000 draws (seed 0, T = 0.7, top-p = 0.9)"
+    legend = ax.get_legend().get_window_extent(renderer)
+    ticks = ax.transData.transform(ax.collections[0].get_offsets())
+    labels = extents(fig, value_labels(ax))
+    assert len(labels) == len(ax.patches)
+    for box in bar_boxes(fig, ax) + labels:
+        assert not legend.overlaps(box)
+    for box, (x, _) in zip(labels, ticks):
+        assert box.x0 >= x - 1                                      # each value starts right of its red tick
+    others = ax.patches[-1]
+    assert ax.get_yticklabels()[-1].get_text() == "(others)" and others.get_width() > 0.2
