@@ -17,12 +17,12 @@ from matplotlib.figure import Figure  # noqa: E402
 
 import llmwalk as lw  # noqa: E402
 import llmwalk.viz as viz  # noqa: E402
-from llmwalk.cost import flops_by_stage, gpt2_config, weight_bytes  # noqa: E402
+from llmwalk.cost import decode_step_flops, flops_by_stage, gpt2_config, weight_bytes  # noqa: E402
 from llmwalk.generate import generate  # noqa: E402
 from llmwalk.quantize import dequantize_tensor, quantize_tensor  # noqa: E402
 from llmwalk.sampling import probs_after, surgery  # noqa: E402
 from llmwalk.viz import fonts  # noqa: E402
-from llmwalk.viz._draw import show_piece  # noqa: E402
+from llmwalk.viz._draw import show_piece, si  # noqa: E402
 
 PROMPT = "The capital of France is"
 ZH = "法国的首都是什么"
@@ -423,6 +423,21 @@ def test_next_token_widget_explains_bad_prompts(model):
     w.controls["prompt"].value = "I paid $5 and $6 for"                 # two $ would start mathtext
     assert w.error is None and "$5" in w.figure.axes[0].get_title().replace("\\", "") and png_of(w)
     assert "chat" not in viz.next_token_widget(SimpleNamespace(tokenizer=lw.gpt2_tokenizer()), "").controls
+
+
+def test_cost_widget_follows_its_twin(model):
+    configs = {"GPT-2 small": gpt2_config(), "SmolLM2": model.config}
+    w = viz.cost_widget(configs)
+    assert set(w.controls) == {"name", "context", "kv_cache"} and w.values == {"name": "GPT-2 small", "context": 9,
+                                                                               "kv_cache": True}
+    twin = viz.flops_bars(decode_step_flops(gpt2_config(), 9), "GPT-2 small, one token at context 9, KV cache")
+    assert signature(w.figure) == signature(twin)
+    cached = png_of(w)
+    w.controls["kv_cache"].value = False                                 # recompute the prefix: more FLOPs
+    assert png_of(w) != cached and "no cache" in w.figure.axes[0].get_title()
+    w.set(name="SmolLM2", context=512, kv_cache=True)
+    total = sum(decode_step_flops(model.config, 512).values())
+    assert w.figure.axes[0].get_title().endswith(f"{si(total)} FLOPs in all")
 
 
 def test_generation_widget_steps_like_generate(model, tok):

@@ -14,8 +14,8 @@ from .layers import ffn_widths, norm_stats, residual_norms
 from .lens import logit_lens_grid, logit_lens_top, token_rank
 from .sampling import prob_bars, sample_histogram, sampling_panel, surgery_plot
 from .tokens import token_chips, token_chips_compare
-from .widgets import (PlotWidget, attention_widget, generation_widget, logit_lens_widget, next_token_widget, png,
-                      sampling_widget, similarity_widget, token_chips_widget)
+from .widgets import (PlotWidget, attention_widget, cost_widget, generation_widget, logit_lens_widget,
+                      next_token_widget, png, sampling_widget, similarity_widget, token_chips_widget)
 
 use_cjk_font()
 _draw.show_figures_in_ipython()

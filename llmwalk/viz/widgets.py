@@ -15,10 +15,12 @@ from IPython.display import display
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from ..cost import decode_step_flops
 from ..generate import Step
 from ..sampling import probs_after, sample
 from ..walk import forward
 from .attention import attention_heatmap
+from .cost import flops_bars
 from .embedding import similarity_matrix
 from .generation import generation_table
 from .lens import logit_lens_top
@@ -196,6 +198,21 @@ def next_token_widget(model, prompt: str = "The capital of France is", n: int = 
     if model.tokenizer.chat_template is not None:
         controls["chat"] = W.Checkbox(value=chat, description="chat template", indent=False)
     return PlotWidget(plot, controls)
+
+
+def cost_widget(configs: dict, context: int = 9, max_context: int = 4096) -> PlotWidget:
+    """A model menu, a context-length slider and a KV-cache box bound to flops_bars of one new token's FLOPs.
+
+    configs: {name: Config} (e.g. GPT-2 small, the loaded model, LLaMA-7B), counted from the architecture alone.
+    """
+    def plot(name, context, kv_cache):
+        stages = decode_step_flops(configs[name], context, kv_cache=kv_cache)
+        return flops_bars(stages, f"{name}, one token at context {context}, " + ("KV cache" if kv_cache else "no cache"))
+    return PlotWidget(plot, {
+        "name": W.Dropdown(options=list(configs), description="model"),
+        "context": W.IntSlider(value=context, min=1, max=max_context, description="context length",
+                               continuous_update=False),
+        "kv_cache": W.Checkbox(value=True, description="KV cache", indent=False)})
 
 
 class GenerationWidget(PlotWidget):
