@@ -254,14 +254,15 @@ def model_weight_bytes(model: "Model") -> int:
 
 
 def quantize_activations(model: "Model") -> "Model":
-    """The model with every layer matrix's input rounded to int8 per tensor, as torch's quantize_dynamic does."""
+    """The model with every layer matrix's input rounded to int8 per tensor, like torch's quantize_dynamic (which
+    also picks each input's 8-bit range on the fly; tests/test_claims_cost.py runs torch's own as a reference)."""
     return replace(model, weights=map_linears(model.weights, Int8Activations),
                    source=f"{model.source}, int8 activations")
 
 
 def dynamic_int8_logits(model: "Model", ids: Sequence[int] | Tensor) -> Tensor:
     """Logits with int8 weights (per channel) and int8 inputs to every layer matrix (per tensor, scale from
-    max |x|), as torch's quantize_dynamic computes.  # [T] -> [T, vocab]"""
+    max |x|), the way torch's quantize_dynamic works.  # [T] -> [T, vocab]"""
     return forward(quantize_activations(quantize_model(model, 8)), ids, record=False).logits
 
 
