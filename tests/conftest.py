@@ -6,6 +6,19 @@ import llmwalk as lw
 from llmwalk.models import REGISTRY, cache_dir
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module that opts in (pytestmark = pytest.mark.usefixtures("one_thread")).
+
+    Decoding and elementwise passes over 100M weights are memory-bound, so one thread is about as fast; on a shared
+    2-core machine OpenMP's second thread mostly waits for a busy core (measured: ~5x slower, up to 50x for plots).
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     return lw.load_model("smollm2-135m", progress=False)

@@ -16,12 +16,7 @@ from llmwalk.speculative import BENCH_PROMPTS, draft_by_name
 VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
 @pytest.fixture(scope="module")

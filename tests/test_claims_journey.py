@@ -19,13 +19,7 @@ SECTIONS = ("一", "二", "三", "四", "五", "六", "七", "八", "九")     #
 MODULES = (tokenization, embedding, layers, lm_head, sampling, autoregressive, cost_claims, J)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Decoding is memory-bound: one thread is about as fast and does not stall when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -154,10 +154,10 @@ def test_norm_and_residual_numbers_are_independent_computations(smollm2, trace, 
     assert layers.residual_verdict({"median_cos": 0.95, "x0_vs_last": 0.9}) == HOLDS
 
 
-def test_one_token_refuses_words_in_pieces(smollm2):
-    assert layers.one_token(smollm2.tokenizer, " Paris") == 7042
+def test_token_id_refuses_words_in_pieces(smollm2):
+    assert smollm2.tokenizer.token_id(" Paris") == 7042
     with pytest.raises(ValueError, match="2 tokens"):
-        layers.one_token(smollm2.tokenizer, "巴")
+        smollm2.tokenizer.token_id("巴")
 
 
 # ---------------------------------------------------------------- 五 LM head

@@ -17,13 +17,7 @@ from markers import needs_gemma
 VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Decoding is memory-bound: one thread is about as fast and does not stall when other processes share the cores."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -17,14 +17,7 @@ PROMPTS = [("法国的首都是什么", True), ("The history of the printing pre
 N = 32
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Decoding is memory-bound, so one thread is about as fast, and it does not stall (as torch's threads
-    waiting for each other do) when other processes share the cores: this file then stays fast on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
 @pytest.fixture(scope="module")

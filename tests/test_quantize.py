@@ -17,14 +17,7 @@ from llmwalk.quantize import (KERNELS, QuantizedTensor, activation_outliers, com
                               quantize_tensor)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """These tests are many elementwise passes over 100M weights; on a shared 2-core machine OpenMP's second
-    thread mostly waits for a busy core and makes them ~5x slower (34 s vs 150-240 s measured)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
 def weights_with_outliers(seed: int, d_in: int = 128, d_out: int = 48) -> torch.Tensor:

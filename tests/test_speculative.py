@@ -22,13 +22,7 @@ PROMPTS = {"repeat": ("Repeat this sentence exactly: The cat sat on the mat by t
 N = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Decoding is memory-bound: one thread is about as fast, and does not stall when other processes share cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
 # ---------------------------------------------------------------- the rule, on small distributions

@@ -28,13 +28,7 @@ PROMPT = "The capital of France is"
 ZH = "法国的首都是什么"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """On a shared 2-core machine two torch threads wait on each other: one is up to 50x faster here."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import llmwalk as lw  # noqa: E402
@@ -17,13 +16,7 @@ PROMPT = "The capital of France is"
 QUESTION = "What is the capital of France?"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """On a shared 2-core machine two torch threads wait on each other."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import torch  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 from tokenizers import Tokenizer as HFBackend  # noqa: E402
@@ -23,13 +22,7 @@ from markers import needs_gemma  # noqa: E402
 PROMPT = "The capital of France is"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """On a shared 2-core machine two torch threads wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
 @pytest.fixture(scope="module")

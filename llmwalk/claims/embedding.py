@@ -26,15 +26,6 @@ RELATED = ((" Paris", " France"), (" king", " queen"), (" dog", " cat"))
 NEAR = 20                                       # "near": among the 20 closest rows of the whole table
 
 
-def token_id(tokenizer, word: str) -> int:
-    """The id of a word that is one token (e.g. ' Paris' with its leading space); an error if it is cut in pieces."""
-    ids = tokenizer.text_ids(word)
-    if len(ids) != 1:
-        raise ValueError(f"{word!r} is {len(ids)} tokens {tokenizer.pieces(ids)} for {tokenizer.name}: "
-                         "pick a word that is one token")
-    return ids[0]
-
-
 def cosine_to_all(table: Tensor, row: int) -> Tensor:
     """Cosine similarity between one row of the embedding table and every row.  # [vocab, d] -> [vocab]"""
     table = table.float()
@@ -43,7 +34,7 @@ def cosine_to_all(table: Tensor, row: int) -> Tensor:
 
 def neighbours(model: "Model", word: str, k: int = 8) -> list[tuple[str, float]]:
     """The k rows of the token embedding table closest (by cosine) to `word`'s row, the word itself left out."""
-    i = token_id(model.tokenizer, word)
+    i = model.tokenizer.token_id(word)
     sims = cosine_to_all(model.weights.token_embd, i)
     sims[i] = -2.0
     top = sims.topk(k)
@@ -52,7 +43,7 @@ def neighbours(model: "Model", word: str, k: int = 8) -> list[tuple[str, float]]
 
 def neighbour_rank(model: "Model", word: str, other: str) -> int:
     """Where `other` ranks among `word`'s neighbours in the embedding table (1 = the closest row)."""
-    i, j = token_id(model.tokenizer, word), token_id(model.tokenizer, other)
+    i, j = model.tokenizer.token_id(word), model.tokenizer.token_id(other)
     sims = cosine_to_all(model.weights.token_embd, i)
     sims[i] = -2.0
     return int((sims > sims[j]).sum()) + 1

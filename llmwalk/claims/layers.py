@@ -28,15 +28,6 @@ SAME = 1e-4          # "the same numbers": float32 round-off stays far below thi
 SMALL_STEP = 0.9     # a layer "adds to" the stream when its output keeps this cosine with its input
 
 
-def one_token(tokenizer, word: str) -> int:
-    """The id of a word that is one token (Gemma's <bos> left out); an error if the word is cut in pieces."""
-    ids = tokenizer.text_ids(word)
-    if len(ids) != 1:
-        raise ValueError(f"{word!r} is {len(ids)} tokens {tokenizer.pieces(ids)} for {tokenizer.name}: "
-                         "pick a word that is one token")
-    return ids[0]
-
-
 def _layer_inputs(model: "Model", trace: Trace, i: int):
     """The mask and rotary angles layer i used in `trace` (no KV cache)."""
     t = len(trace.ids)
@@ -213,7 +204,7 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
                       + (f", gated ({config.ffn}: gate, up and down, 3 matrices)" if gated else ""),
                       HOLDS if (gpt2.d_model, gpt2.d_ff) == (768, 3072) else DIFFERS))
 
-    token = one_token(model.tokenizer, answer)
+    token = model.tokenizer.token_id(answer)
     path = lens_path(model, trace, token)
     r, p = path["rank"], path["prob"]
     rows.append(Claim(SECTION, "later layers hold richer vectors than layer 1: refined at every layer",

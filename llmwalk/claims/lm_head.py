@@ -17,7 +17,6 @@ from ..kv_cache import KVCache
 from ..report import Claim
 from ..tokens import gpt2_tokenizer
 from ..walk import forward
-from .layers import one_token
 from .tokenization import DIFFERS, HOLDS, ROUGHLY, UNCHECKABLE
 
 if TYPE_CHECKING:
@@ -136,7 +135,7 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
     h, w = trace.final[-1], model.weights.output
     logits = lm_head(h[None], w)[0]
     probs = softmax(logits)
-    token = one_token(model.tokenizer, ANSWER)
+    token = model.tokenizer.token_id(ANSWER)
     same = float((logits - trace.logits[-1]).abs().max())
     rows.append(Claim(SECTION, "LM head = one linear layer from the hidden size to the vocabulary; softmax gives probabilities",
                       f"{config.name}: [{h.shape[0]}] · W{list(w.shape)}ᵀ → {logits.shape[0]} logits (= the model's own, "
