@@ -1,4 +1,4 @@
-"""Benchmarks, one subcommand each: `python -m llmwalk.bench generate|quantization|speculative [--threads N] ...`.
+"""Benchmarks, one subcommand each: `python -m llmwalk.bench generate|quantization|speculative|widgets [--threads N]`.
 
 Every subcommand is a function taking the parsed arguments, registered in `build_parser`. The numbers are wall
 time on a machine that may be doing other things, so the contenders run in the same process, interleaved.
@@ -7,17 +7,24 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
+import os
+import platform
 import resource
 import statistics
 import sys
 import time
 from dataclasses import dataclass, fields
-from typing import Callable
+from functools import partial
+from itertools import product
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .generate import decoding_head, generate
+from .generation import Generation, decoding_head, generate
 from .models import DEFAULT_MODEL, REGISTRY, Model, cache_dir, load_model
+from .quantize import quantize_model
+from .speculative import (Draft, EarlyExitDraft, ModelDraft, PromptLookupDraft, SpeculativeResult, early_exit_model,
+                          speculative_generate)
 
 TEXT = "data/eval_text.txt"     # shipped with the package; repeated and cut to the token count each run needs
 
@@ -44,6 +51,58 @@ def peak_rss_mb() -> float:
     """The process's peak resident memory in MB (ru_maxrss: kB on Linux, bytes on macOS)."""
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
+
+
+def cpu_model() -> str:
+    """The CPU's name as the OS reports it (Linux /proc/cpuinfo, macOS sysctl), else the machine type."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "Model")):            # x86; Raspberry-Pi-style ARM
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if sys.platform == "darwin":
+        import subprocess
+        out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True)
+        if out.stdout.strip():
+            return out.stdout.strip()
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """The line printed above every table: the numbers hold for this CPU, these kernels and this thread count."""
+    return (f"CPU: {cpu_model()} ({os.cpu_count()} logical cores), torch {torch.__version__} CPU capability "
+            f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads. "
+            "Ratios vary by CPU: measure on yours.")
+
+
+LLAMA_CPP_HINT = ("llama.cpp not installed, so not in this table. To add it as a contender on the same GGUF file: "
+                  "pip install llama-cpp-python (a source build of several minutes; never a dependency of llmwalk).")
+
+
+def load_llama_cpp(name: str, context: int):
+    """llama.cpp (llama-cpp-python) on the model's own GGUF file, or None when it is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    path = REGISTRY[name].locate(cache_dir())
+    return Llama(model_path=str(path), n_ctx=context, n_batch=512, n_threads=torch.get_num_threads(),
+                 verbose=False)
+
+
+def llama_cpp_run(llm, ids: list[int], new_tokens: int) -> Run:
+    """llama.cpp's greedy generation of exactly new_tokens tokens (EOS does not stop it), each timestamped."""
+    def run() -> tuple[float, list[float]]:
+        start, times = time.perf_counter(), []
+        tokens = llm.generate(ids, temp=0.0, reset=True)    # temp=0: greedy; the prompt is run at the first next()
+        for _ in range(new_tokens):
+            next(tokens)
+            times.append(time.perf_counter())
+        tokens.close()
+        return times[0] - start, [b - a for a, b in zip(times, times[1:])]
+    return run
 
 
 @dataclass(frozen=True)
@@ -119,20 +178,24 @@ def bench_generate(args: argparse.Namespace) -> None:
     model = load_model(args.model, progress=False)
     head = decoding_head(model)      # made once per model, like transformers' own conversion at load time
     hf = load_transformers(args.model)
+    llm = load_llama_cpp(args.model, max(args.prompt_lengths) + args.new_tokens)
     resettable = reset_peak_rss()
     print(f"{model.config.name}, fp32, greedy, {args.new_tokens} new tokens, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads. Median of {args.repeats} interleaved runs (no cache: 1 run).")
-    print("decode tok/s = 1 / median seconds per token after the first. "
+    print("decode tok/s = 1 / median seconds per token after the first; x: speed relative to the other (higher is "
+          "faster; TTFT: transformers' seconds / llmwalk's). "
           "'+head': generate(head=decoding_head(model)), the LM head stored [d_model, vocab].")
     print("peak MB = " + ("peak RSS during the run minus RSS before it (ru_maxrss, peak reset through "
                           "/proc/self/clear_refs before each run)" if resettable else
                           "process peak RSS so far (ru_maxrss; it only grows: runs go from short to long prompts)"))
+    if llm is None:
+        print(LLAMA_CPP_HINT)
     warm = prompt_ids(model, 8)      # first calls pay one-off costs (allocator, lazy initialisation)
     for run in (llmwalk_run(model, warm, 2, True, head), transformers_run(hf, warm, 2)):
         run()
 
     header = (f"{'prompt':>6} | {'':22} {'TTFT s':>7} {'decode tok/s':>12} {'peak MB':>8} | "
-              f"{'vs transformers':>15} {'vs no cache':>11}")
+              f"{'vs transformers':>15} {'vs no cache':>11} {'TTFT vs transformers':>20}")
     print(header)
     print("-" * len(header))
     for n in sorted(args.prompt_lengths):
@@ -140,24 +203,26 @@ def bench_generate(args: argparse.Namespace) -> None:
         fast: dict[str, Run] = {"llmwalk cache +head": llmwalk_run(model, ids, args.new_tokens, True, head),
                                 "llmwalk cache": llmwalk_run(model, ids, args.new_tokens, True, None),
                                 "transformers (cache)": transformers_run(hf, ids, args.new_tokens)}
+        if llm is not None:
+            fast["llama.cpp (same GGUF)"] = llama_cpp_run(llm, ids, args.new_tokens)
         runs: dict[str, list[Timing]] = {name: [] for name in fast}
         for _ in range(args.repeats):
             for name, run in fast.items():
                 runs[name].append(measure(run))
         runs["llmwalk no cache +head"] = [measure(llmwalk_run(model, ids, args.new_tokens, False, head))]
         med = {name: median(ts) for name, ts in runs.items()}
-        hf_tps = med["transformers (cache)"].tokens_per_second
+        hf_tps, hf_ttft = med["transformers (cache)"].tokens_per_second, med["transformers (cache)"].ttft
         no_cache_tps = med["llmwalk no cache +head"].tokens_per_second
         for name, t in med.items():
             ratios = (f"{t.tokens_per_second / hf_tps:>14.2f}x {t.tokens_per_second / no_cache_tps:>10.2f}x"
-                      if name.startswith("llmwalk cache") else "")
+                      f"{hf_ttft / t.ttft:>20.2f}x" if name.startswith("llmwalk cache") else "")
             print(f"{n:>6} | {name:22} {t.ttft:>7.3f} {t.tokens_per_second:>12.1f} {t.peak_mb:>8.0f} | {ratios}")
 
 
 def bench_quantization(args: argparse.Namespace) -> None:
     """Decode speed and weight memory of the quantized model (torch's int8 / int4 kernels) vs fp32 and transformers."""
     from transformers.utils import logging
-    from .quantize import model_weight_bytes, quantize_model
+    from .quantize import model_weight_bytes
     logging.set_verbosity_error()
     model = load_model(args.model, progress=False)
     variants = {"llmwalk fp32": model,
@@ -168,10 +233,15 @@ def bench_quantization(args: argparse.Namespace) -> None:
     ids = prompt_ids(model, args.prompt_length)
     runs = {name: llmwalk_run(m, ids, args.new_tokens, True, None) for name, m in variants.items()}
     runs["transformers fp32"] = transformers_run(load_transformers(args.model), ids, args.new_tokens)
+    llm = load_llama_cpp(args.model, args.prompt_length + args.new_tokens)
+    if llm is not None:
+        runs["llama.cpp (same GGUF)"] = llama_cpp_run(llm, ids, args.new_tokens)
     print(f"{model.config.name}, greedy, prompt {args.prompt_length} tokens, {args.new_tokens} new tokens, torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads. decode tok/s = 1 / median seconds per token "
           f"after the first, median of {args.repeats} interleaved runs. int8/int4: torch's CPU kernels with bf16 "
           "activations; '+ head': the tied embedding table / LM head quantized too.")
+    if llm is None:
+        print(LLAMA_CPP_HINT)
     for run in runs.values():      # first calls pay one-off costs (allocator, kernel weight packing)
         run()
     times: dict[str, list[Timing]] = {name: [] for name in runs}
@@ -186,10 +256,66 @@ def bench_quantization(args: argparse.Namespace) -> None:
         print(f"{name:22} {mb} {tps:12.1f} {tps / fp32:13.2f}x")
 
 
+# (text, chat): answers that copy their prompt (a sentence to repeat, code to edit), and one with nothing to copy.
+BENCH_PROMPTS = {
+    "repeat": ("Repeat this sentence exactly: The old lighthouse keeper climbed the narrow stairs every evening, "
+               "lit the great lamp, and watched the ships pass safely through the dark and stormy channel.", True),
+    "edit code": ("Add type hints to this function:\n\ndef scale(values, factor):\n"
+                  "    return [v * factor for v in values]\n", True),
+    "no copy": ("The history of the printing press", False),
+}
+
+
+def draft_by_name(model: Model, name: str) -> Draft:
+    """'lookup' (prompt lookup, 3-grams), 'int8' / 'int4' (the model quantized, LM head too: a draft should be as
+    fast as it can be), 'exitN' (its first N layers)."""
+    if name == "lookup":
+        return PromptLookupDraft()
+    if name == "int8":
+        return ModelDraft(quantize_model(model, 8, embeddings=True))
+    if name == "int4":
+        return ModelDraft(quantize_model(model, 4, group_size=32, embeddings=True))
+    if name.startswith("exit") and name[4:].isdigit():
+        return EarlyExitDraft(model, int(name[4:]))
+    raise ValueError(f"unknown draft {name!r}: use lookup, int8, int4 or exitN (N layers, e.g. exit6)")
+
+
+def _timed(run: Callable[[], SpeculativeResult | Generation]) -> tuple[SpeculativeResult | Generation, float, float]:
+    """Run once: the result, then seconds of wall time and of this process's CPU time per new token."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = run()
+    n = len(out.new_ids)
+    return out, (time.perf_counter() - wall) / n, (time.process_time() - cpu) / n
+
+
+def compare_speculative(target: Model, drafts: dict[str, Draft], prompts: dict[str, tuple[str, bool]],
+                        ks: Sequence[int] = (1, 3, 5), temperatures: Sequence[float] = (0.0, 1.0),
+                        max_new_tokens: int = 32, repeats: int = 1, seed: int = 0) -> Iterator[dict]:
+    """Speculative vs plain (KV-cached) generation, one row per prompt, temperature, draft and k, as measured.
+
+    Speedup is plain seconds per token over speculative seconds per token, each the median of `repeats` interleaved
+    runs (sampling makes the two produce different tokens). CPU time is the steadier figure when other processes
+    share the cores: wall time then also counts the moments this process waited for one.
+    """
+    for (label, (text, chat)), t, (name, draft), k in product(prompts.items(), temperatures, drafts.items(), ks):
+        run = dict(max_new_tokens=max_new_tokens, temperature=t, seed=seed if t > 0 else None, chat=chat)
+        pairs = [(_timed(partial(speculative_generate, target, draft, text, k=k, **run)),
+                  _timed(partial(generate, target, text, **run))) for _ in range(repeats)]
+        spec, plain = zip(*pairs)
+        s = spec[-1][0]
+        draft_s = sum(r.draft_seconds for r in s.rounds)
+        pass_ratio = (draft_s / s.draft_forward_passes) / ((s.seconds - draft_s) / s.target_forward_passes) \
+            if s.draft_forward_passes else float("nan")
+        yield {"prompt": label, "temperature": t, "draft": name, "k": k, "tokens": len(s.new_ids),
+               "acceptance": s.acceptance_rate, "target passes/token": s.target_forward_passes / len(s.new_ids),
+               "draft passes/token": s.draft_forward_passes / len(s.new_ids), "draft pass / target pass": pass_ratio,
+               "speedup (CPU)": statistics.median(c for _, _, c in plain) / statistics.median(c for _, _, c in spec),
+               "speedup (wall)": statistics.median(w for _, w, _ in plain) / statistics.median(w for _, w, _ in spec)}
+
+
 def bench_speculative(args: argparse.Namespace) -> None:
     """Speculative decoding: acceptance, target passes per token and speed vs plain generate, per draft and k."""
-    from .quantize import compare_to_fp32, eval_text, quantize_model
-    from .speculative import BENCH_PROMPTS, compare_speculative, draft_by_name, early_exit_model
+    from .accuracy import compare_to_fp32, eval_text
     model = load_model(args.model, progress=False)
     print(f"{model.config.name}, fp32, {args.new_tokens} new tokens (stopping at EOS), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads. Speedup: plain seconds per token (generate with its KV cache) over "
@@ -209,6 +335,44 @@ def bench_speculative(args: argparse.Namespace) -> None:
         if i == 0:
             print(" | ".join(row))
         print(" | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()), flush=True)
+
+
+WIDGET_PROMPT = "The capital of France is"
+
+
+def bench_widgets(args: argparse.Namespace) -> None:
+    """Each widget's control-change-to-figure time: a new value set, the figure redrawn and rendered to PNG."""
+    import matplotlib
+    matplotlib.use("Agg")                    # headless: the widgets render PNGs themselves
+    from .viz.widgets import attention_widget, generation_widget, sampling_widget
+    from .walk import forward
+    model = load_model(args.model, progress=False)
+    trace = forward(model, model.tokenizer.encode(WIDGET_PROMPT))
+    n_layer, n_head = model.config.n_layer, model.config.n_head
+    temperatures, top_ks = (0.5, 0.8, 1.2, 1.5), (0, 5, 20)
+
+    cases = {   # name: (widget, one change of its controls: the i-th differs from the one before, goal ms)
+        "sampling: temperature / top-k": (sampling_widget(trace.logits[-1], model.tokenizer),
+                                          lambda w, i: w.set(temperature=temperatures[i % 4], top_k=top_ks[i % 3]),
+                                          150),
+        "attention: layer / head": (attention_widget(trace, model.tokenizer),
+                                    lambda w, i: w.set(layer=(i + 1) % n_layer, head=(i + 1) % n_head), 100),
+        "generation: 'next token' click": (generation_widget(model, WIDGET_PROMPT), lambda w, i: w.next(), 150),
+    }
+    print(f"{model.config.name}, prompt {WIDGET_PROMPT!r}: milliseconds from a control change to the new PNG "
+          f"(plot or in-place update, render), median and fastest of {args.repeats} changes.")
+    header = f"{'widget: control':32} {'median ms':>9} {'min ms':>7} {'goal ms':>7}"
+    print(header)
+    print("-" * len(header))
+    for name, (widget, change, goal) in cases.items():
+        seconds = []
+        for i in range(args.repeats):
+            if name.startswith("generation") and widget.controls["next"].disabled:
+                widget.reset()                              # stopped at EOS: start again, untimed
+            tic = time.perf_counter()
+            change(widget, i)
+            seconds.append(time.perf_counter() - tic)
+        print(f"{name:32} {1000 * statistics.median(seconds):9.0f} {1000 * min(seconds):7.0f} {goal:7}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -232,7 +396,6 @@ def build_parser() -> argparse.ArgumentParser:
     quant.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
     quant.set_defaults(run=bench_quantization)
 
-    from .speculative import BENCH_PROMPTS
     spec = sub.add_parser("speculative", parents=[common], help=bench_speculative.__doc__)
     spec.add_argument("--drafts", nargs="+", default=["lookup", "int8", "int4", "exit6", "exit15", "exit24"],
                       help="lookup, int8, int4 (the model quantized, head included), exitN (the first N layers)")
@@ -244,6 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     spec.add_argument("--agreement-layers", type=int, nargs="+", default=[6, 12, 18, 24, 28], metavar="N")
     spec.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
     spec.set_defaults(run=bench_speculative)
+
+    wid = sub.add_parser("widgets", parents=[common], help=bench_widgets.__doc__)
+    wid.add_argument("--repeats", type=int, default=10, help="control changes per widget")
+    wid.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
+    wid.set_defaults(run=bench_widgets)
     return parser
 
 
@@ -251,8 +419,92 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    print(machine())
     args.run(args)
 
 
 if __name__ == "__main__":
     main()
+
+
+# ---------------------------------------------------------------- one matrix product per kernel (quantization)
+
+def _fp32(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda x: x @ w
+
+
+def _bf16(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    wb = w.bfloat16()
+    return lambda x: (x.bfloat16() @ wb).float()
+
+
+def _dequantized(w: torch.Tensor, **fmt) -> Callable[[torch.Tensor], torch.Tensor]:
+    from .quantize import dequantize_tensor, quantize_tensor
+    q = quantize_tensor(w, **fmt)
+    return lambda x: x @ dequantize_tensor(q)
+
+
+def _as_in_model(w: torch.Tensor, **fmt) -> Callable[[torch.Tensor], torch.Tensor]:
+    from .quantize import quantize_tensor
+    q = quantize_tensor(w, **fmt)
+    return lambda x: q.__rmatmul__(x)
+
+
+def _int8_kernel_fp32(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    from .quantize import dequantize_tensor, quantize_tensor
+    q = quantize_tensor(w, 8)
+    if q.kernel is None:                                    # this torch has no int8 kernel: the fallback's product
+        return lambda x: x @ dequantize_tensor(q)
+    codes, scales = q.kernel
+    return lambda x: torch.ops.aten._weight_int8pack_mm(x, codes, scales.float())
+
+
+KERNELS: dict[str, Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {
+    "fp32 x @ W": _fp32,
+    "bf16 x @ W": _bf16,
+    "int8 dequantize, then fp32 x @ W": lambda w: _dequantized(w, bits=8),
+    "int8 _weight_int8pack_mm, fp32 x": _int8_kernel_fp32,
+    "int8 _weight_int8pack_mm, bf16 x (quantize_model's path)": lambda w: _as_in_model(w, bits=8),
+    "int4 g32 dequantize, then fp32 x @ W": lambda w: _dequantized(w, bits=4, group_size=32),
+    "int4 g32 _weight_int4pack_mm_for_cpu, bf16 x (quantize_model's path)":
+        lambda w: _as_in_model(w, bits=4, group_size=32),
+}
+
+
+def bench_linear_kernels(model: Model, rounds: int = 5, repeats: int = 3) -> list[dict]:
+    """Time one decode step's matrix-vector products (x: [1, d_in]) per kernel, on an fp32 model's real matrices.
+
+    Each workload runs through the matrices of all layers in turn, as decoding does, so that the weights come
+    from memory rather than cache. Kernels are interleaved round by round; the median round is reported.
+    Returns rows {workload, kernel, microseconds, speedup_vs_fp32}.
+    """
+    from .quantize import LINEARS
+    per_name = {n: [getattr(b, n).weight for b in model.weights.blocks]
+                for n in LINEARS if getattr(model.weights.blocks[0], n) is not None}
+    workloads = {f"{n} x{len(ws)}": ws for n, ws in per_name.items()}
+    workloads["all layer matrices (one decode step)"] = [w for ws in per_name.values() for w in ws]
+    workloads["lm_head"] = [model.weights.output.T]
+    matrices = {id(w): w for ws in workloads.values() for w in ws}
+    prepared = {k: {i: make(w) for i, w in matrices.items()} for k, make in KERNELS.items()}
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for workload, ws in workloads.items():
+        xs = [torch.randn(1, w.shape[0], generator=gen) for w in ws]
+        times: dict[str, list[float]] = {k: [] for k in KERNELS}
+        for _ in range(rounds):
+            for k in KERNELS:
+                times[k].append(_seconds([prepared[k][id(w)] for w in ws], xs, repeats))
+        med = {k: statistics.median(t) for k, t in times.items()}
+        rows += [{"workload": workload, "kernel": k, "microseconds": t * 1e6,
+                  "speedup_vs_fp32": med["fp32 x @ W"] / t} for k, t in med.items()]
+    return rows
+
+
+def _seconds(fns: list[Callable[[torch.Tensor], torch.Tensor]], xs: list[torch.Tensor], repeats: int) -> float:
+    """Seconds per pass through all the matrices."""
+    fns[0](xs[0])                                           # warm-up: first-call allocations
+    tic = time.perf_counter()
+    for _ in range(repeats):
+        for f, x in zip(fns, xs):
+            f(x)
+    return (time.perf_counter() - tic) / repeats

@@ -8,7 +8,7 @@ O(T·d) or O(T·S·n_head) and disappear next to the matrix products.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from torch import Tensor
 
@@ -18,6 +18,8 @@ from .weights import Config
 
 if TYPE_CHECKING:
     from .models import Model
+
+R = TypeVar("R")
 
 BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "int4": 4}
 NORM_FLOPS = {"rmsnorm": 4, "layernorm": 8}   # per element: square/subtract, sum, scale, multiply (approximate)
@@ -31,6 +33,16 @@ def gpt2_config(size: str = "small") -> Config:
                   d_model=d_model, d_head=d_model // n_head, d_ff=4 * d_model, vocab_size=50257,
                   context_length=1024, norm="layernorm", norm_eps=1e-5, position="learned", ffn="gelu",
                   tied_embeddings=True))
+
+
+def gpt2_small(model: "Model | None" = None) -> Config:
+    """GPT-2 small's config: the model's own when the model is GPT-2 small (online), else the published architecture.
+
+    Checked by shape, not by family: a gpt2-medium model is not GPT-2 small."""
+    c = getattr(model, "config", None)
+    if c is not None and c.family == "gpt2" and (c.n_layer, c.d_model, c.n_head) == GPT2_SIZES["small"]:
+        return c
+    return gpt2_config("small")
 
 
 def llama7b_config() -> Config:
@@ -121,14 +133,18 @@ def decode_step_flops(config: Config, context: int, kv_cache: bool = True) -> di
     return flops_by_stage(config, context, last_only=True)
 
 
+def round_flops(config: Config, prompt_len: int, new_tokens: int, kv_cache: bool = True) -> list[int]:
+    """FLOPs of each round of generation, one round per new token. With a cache round 1 runs the whole prompt
+    (prefill) and every later round one token; without one, round k runs the prompt and the k − 1 tokens so far."""
+    if kv_cache:
+        return ([sum(flops_by_stage(config, prompt_len, last_only=True).values())] * (new_tokens >= 1)
+                + [sum(decode_step_flops(config, prompt_len + k).values()) for k in range(1, new_tokens)])
+    return [sum(decode_step_flops(config, prompt_len + k, kv_cache=False).values()) for k in range(new_tokens)]
+
+
 def generation_flops(config: Config, prompt_len: int, new_tokens: int, kv_cache: bool = True) -> int:
     """Total FLOPs to generate `new_tokens` after a prompt: one pass per new token (the last needs none after it)."""
-    if new_tokens < 1:
-        return 0
-    if kv_cache:
-        prefill = sum(flops_by_stage(config, prompt_len, last_only=True).values())
-        return prefill + sum(sum(decode_step_flops(config, prompt_len + k).values()) for k in range(1, new_tokens))
-    return sum(sum(decode_step_flops(config, prompt_len + k, kv_cache=False).values()) for k in range(new_tokens))
+    return sum(round_flops(config, prompt_len, new_tokens, kv_cache))
 
 
 def article_estimate(config: Config, prompt_len: int = 9, new_tokens: int = 50) -> dict[str, int]:
@@ -144,9 +160,8 @@ def article_estimate(config: Config, prompt_len: int = 9, new_tokens: int = 50) 
             "flops_answer_no_cache": generation_flops(config, prompt_len, new_tokens, kv_cache=False)}
 
 
-def measured_flops(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None = None,
-                   last_only: bool = False) -> int:
-    """FLOPs torch counts while llmwalk's `forward` runs (torch.utils.flop_counter.FlopCounterMode).
+def counted(fn: Callable[[], R]) -> tuple[int, R]:
+    """(FLOPs torch counts while fn runs, what fn returns), by torch.utils.flop_counter.FlopCounterMode.
 
     FlopCounterMode counts matrix products only (mm, bmm, addmm, ...: 2 per multiply-add); norms, softmax,
     activations and additions are not counted. Compare it with `matmul_flops(flops_by_stage(...))`. It does
@@ -154,8 +169,14 @@ def measured_flops(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache |
     """
     from torch.utils.flop_counter import FlopCounterMode
     with FlopCounterMode(display=False) as counter:
-        forward(model, ids, cache=cache, record=False, last_only=last_only)
-    return counter.get_total_flops()
+        out = fn()
+    return counter.get_total_flops(), out
+
+
+def measured_flops(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None = None,
+                   last_only: bool = False) -> int:
+    """FLOPs torch counts while llmwalk's `forward` runs once (`counted`)."""
+    return counted(lambda: forward(model, ids, cache=cache, record=False, last_only=last_only))[0]
 
 
 # ---------------------------------------------------------------- memory

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-from .generate import Generation, generate
+from .generation import Generation, generate
 from .head import softmax
 from .sampling import greedy
 from .walk import Trace, forward

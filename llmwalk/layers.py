@@ -1,7 +1,7 @@
 """Section 四: the layer every token passes through N times — norm, attention, FFN, residual."""
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +34,13 @@ def layer_norm(x: Tensor, w: Norm, eps: float) -> Tensor:
 
 
 def rms_norm(x: Tensor, w: Norm, eps: float) -> Tensor:
-    """Llama's RMSNorm: divide by the root mean square only (no centring), then scale.  # [..., d] -> [..., d]"""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.weight
+    """Llama's RMSNorm: divide by the root mean square only (no centring), then scale.  # [..., d] -> [..., d]
+
+    Computed in float32 and rounded back before the scale, as transformers does: in fp16 the square of a residual
+    value of 22552 (SmolLM2 has them) overflows to inf and the whole vector would become 0.
+    """
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w.weight
 
 
 def norm(x: Tensor, w: Norm, config: Config) -> Tensor:
@@ -61,10 +66,14 @@ def causal_mask(t: int, s: int | None = None, window: int | None = None) -> Tens
 
 class AttentionOut(NamedTuple):
     out: Tensor        # [T, d_model]
-    weights: Tensor    # [n_head, T, S] softmax(q·k), one row per query
+    weights: Tensor | None  # [n_head, T, S] softmax(q·k), one row per query (None: attention_fast)
     q: Tensor          # [n_head, T, d_head], after RoPE
     k: Tensor          # [n_kv_head, S, d_head], after RoPE, cached keys included
     v: Tensor          # [n_kv_head, S, d_head]
+    z: Tensor          # [n_head, T, d_head] each head's mix of values, before W_O
+
+
+Hook = Callable[[str, Tensor], Tensor]   # (hook point, activation) -> the activation to use instead
 
 
 def split_heads(x: Tensor, n: int) -> Tensor:
@@ -73,34 +82,92 @@ def split_heads(x: Tensor, n: int) -> Tensor:
     return x.view(t, n, -1).transpose(0, 1)
 
 
-def attention(x: Tensor, block: Block, config: Config, mask: Tensor,
-              rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None) -> AttentionOut:
-    """Causal self-attention, multi-head or grouped-query.  # [T, d_model] -> [T, d_model]
+def merge_heads(x: Tensor) -> Tensor:
+    """The heads side by side again.  # [n, T, d_head] -> [T, n * d_head]"""
+    return x.transpose(0, 1).reshape(x.shape[1], -1)
 
-    With a `cache`, the new keys/values are appended to it and the queries attend to all cached positions;
-    `mask` is [T, S] with S = cached + T.
+
+def project_qkv(x: Tensor, block: Block, config: Config,
+                rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """q = x·W_q, k = x·W_k, v = x·W_v, split into heads; q and k rotated by RoPE.
+
+    # [T, d_model] -> ([n_head, T, d_head], [n_kv_head, T, d_head], [n_kv_head, T, d_head])
     """
-    t = x.shape[0]
-    q = split_heads(linear(x, block.attn_q), config.n_head)      # (nh, T, hs)
-    k = split_heads(linear(x, block.attn_k), config.n_kv_head)   # (nkv, T, hs)
+    q = split_heads(linear(x, block.attn_q), config.n_head)
+    k = split_heads(linear(x, block.attn_k), config.n_kv_head)
     v = split_heads(linear(x, block.attn_v), config.n_kv_head)
     if block.attn_q_norm is not None:                            # Gemma-3 normalizes each head's q and k
         q = rms_norm(q, block.attn_q_norm, config.norm_eps)
         k = rms_norm(k, block.attn_k_norm, config.norm_eps)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    return q, k, v
+
+
+def attention_scores(q: Tensor, k: Tensor, config: Config) -> Tensor:
+    """Every query's dot product with every key, times the scale (1/√d_head): how well they match.
+
+    GQA: query heads h = g*group .. g*group+group-1 read key head g; stacking them along T avoids copying k.
+    # ([n_head, T, d_head], [n_kv_head, S, d_head]) -> [n_head, T, S]
+    """
+    n_head, t, _ = q.shape
+    n_kv, s, _ = k.shape
+    q_grouped = q.reshape(n_kv, n_head // n_kv * t, -1)                          # (nkv, group*T, hs)
+    return (q_grouped @ k.transpose(-1, -2)).view(n_head, t, s) * config.scale
+
+
+def mix_values(weights: Tensor, v: Tensor) -> Tensor:
+    """Each query's weighted sum of the values it attends to (GQA as in attention_scores).
+
+    # ([n_head, T, S], [n_kv_head, S, d_head]) -> [n_head, T, d_head]
+    """
+    n_head, t, s = weights.shape
+    n_kv = v.shape[0]
+    return (weights.reshape(n_kv, n_head // n_kv * t, s) @ v).view(n_head, t, -1)
+
+
+def attention(x: Tensor, block: Block, config: Config, mask: Tensor,
+              rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None,
+              hook: Hook | None = None) -> AttentionOut:
+    """Causal self-attention, multi-head or grouped-query.  # [T, d_model] -> [T, d_model]
+
+    With a `cache`, the new keys/values are appended to it and the queries attend to all cached positions;
+    `mask` is [T, S] with S = cached + T. `hook("attn.z", z)` may replace the heads' outputs before W_O.
+    """
+    q, k, v = project_qkv(x, block, config, rope)
     if cache is not None:
         k, v = cache.update(k, v)                                # (nkv, S, hs)
-    # GQA: query heads h = g*group .. g*group+group-1 share k/v head g; stacking them along T avoids copying k/v.
-    group = config.n_head // config.n_kv_head
-    s = k.shape[1]
-    q_grouped = q.reshape(config.n_kv_head, group * t, -1)                        # (nkv, group*T, hs)
-    scores = (q_grouped @ k.transpose(-1, -2)).view(config.n_head, t, s) * config.scale  # (nh, T, S)
+    scores = attention_scores(q, k, config)                      # (nh, T, S)
     scores = scores.masked_fill(~mask, float("-inf"))            # the future is not there to look at
     weights = torch.softmax(scores, dim=-1)
-    mixed = (weights.view(config.n_kv_head, group * t, s) @ v).view(config.n_head, t, -1)  # (nh, T, hs)
-    mixed = mixed.transpose(0, 1).reshape(t, -1)                 # (T, nh*hs): heads side by side again
-    return AttentionOut(linear(mixed, block.attn_output), weights, q, k, v)
+    z = mix_values(weights, v)                                   # (nh, T, hs)
+    if hook is not None:
+        z = hook("attn.z", z)
+    return AttentionOut(linear(merge_heads(z), block.attn_output), weights, q, k, v, z)
+
+
+def attention_fast(x: Tensor, block: Block, config: Config, mask: Tensor,
+                   rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None,
+                   hook: Hook | None = None) -> AttentionOut:
+    """`attention` through torch's fused scaled_dot_product_attention: the same output, weights None.
+
+    For passes that record nothing (generation): the [n_head, T, S] scores and their softmax are never stored,
+    which at long prompts costs more time than the rest of attention.  # [T, d_model] -> [T, d_model]
+    """
+    if x.shape[0] == 1:   # one new token (decoding): the plain path is as fast, and reads the cache without a copy
+        return attention(x, block, config, mask, rope, cache, hook)
+    q, k, v = project_qkv(x, block, config, rope)
+    if cache is not None:
+        # The cache hands back views into a longer buffer; the fused kernel is ~400x slower on non-contiguous k/v.
+        k, v = (a.contiguous() for a in cache.update(k, v))      # (nkv, S, hs)
+    n_kv, t = k.shape[0], q.shape[1]
+    group = config.n_head // n_kv
+    # GQA as in attention_scores: a group's query heads stacked along T (no copy of k/v), the mask repeated to match.
+    z = F.scaled_dot_product_attention(q.reshape(n_kv, group * t, -1), k, v, attn_mask=mask.repeat(group, 1),
+                                       scale=config.scale).view(config.n_head, t, -1)   # (nh, T, hs)
+    if hook is not None:
+        z = hook("attn.z", z)
+    return AttentionOut(linear(merge_heads(z), block.attn_output), None, q, k, v, z)
 
 
 def ffn(x: Tensor, block: Block, config: Config) -> tuple[Tensor, Tensor]:
@@ -127,15 +194,23 @@ class BlockOut(NamedTuple):
 
 
 def block_forward(x: Tensor, block: Block, config: Config, mask: Tensor,
-                  rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None) -> BlockOut:
-    """One layer, pre-norm: x + Attention(Norm(x)), then + FFN(Norm(.)). Residuals keep what came in.  # [T, d] -> [T, d]"""
+                  rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None,
+                  hook: Hook | None = None, *, fast: bool = False) -> BlockOut:
+    """One layer, pre-norm: x + Attention(Norm(x)), then + FFN(Norm(.)). Residuals keep what came in.  # [T, d] -> [T, d]
+
+    `hook(point, activation)` may replace what flows at each hook point: "resid_pre", "attn.z", "attn_out" (what
+    attention adds to the stream), "ffn_out" (what the FFN adds) and "resid_post" (interventions.py).
+    fast=True: attention_fast, for passes that keep no attention weights.
+    """
+    hook = hook or (lambda name, a: a)
+    x = hook("resid_pre", x)
     attn_in = norm(x, block.attn_norm, config)
-    a = attention(attn_in, block, config, mask, rope, cache)
+    a = (attention_fast if fast else attention)(attn_in, block, config, mask, rope, cache, hook)
     attn_out = a.out if block.post_attention_norm is None else norm(a.out, block.post_attention_norm, config)
-    resid_mid = x + attn_out
+    resid_mid = x + hook("attn_out", attn_out)
     ffn_in = norm(resid_mid, block.ffn_norm, config)
     f_out, hidden = ffn(ffn_in, block, config)
     if block.post_ffw_norm is not None:
         f_out = norm(f_out, block.post_ffw_norm, config)
-    return BlockOut(attn_in, a, resid_mid, ffn_in, hidden, f_out, resid_mid + f_out)
-
+    f_out = hook("ffn_out", f_out)
+    return BlockOut(attn_in, a, resid_mid, ffn_in, hidden, f_out, hook("resid_post", resid_mid + f_out))

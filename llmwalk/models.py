@@ -9,19 +9,22 @@ import importlib
 import importlib.metadata
 import json
 import os
+import re
 import shutil
+import tempfile
 import warnings
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from .tokens import HFTokenizer, Tokenizer, TokenizerMeta, gpt2_tokenizer
-from .weights import Block, Config, Linear, Norm, Weights, count_params, tensors
+from .weights import Block, Config, Linear, Norm, Weights, check_weights, count_params, tensors
 
-CONVERTER_VERSION = 1   # bump when the converted cache format or the conversion changes
+CONVERTER_VERSION = 2   # bump when the converted cache format or the conversion changes (2: manifest.json)
 
 
 class UnknownModelError(ValueError):
@@ -44,6 +47,14 @@ class HubUnreachableError(ConnectionError):
     """The Hugging Face Hub could not be reached to download a model."""
 
 
+class UnsupportedModelError(ValueError):
+    """A checkpoint uses a feature llmwalk does not compute (it is refused rather than run subtly wrong)."""
+
+
+class CacheNotWritableError(PermissionError):
+    """llmwalk's cache directory cannot be written, so a model cannot be converted into it."""
+
+
 @dataclass(frozen=True)
 class Model:
     """A loaded model: its architecture, its weights and its tokenizer."""
@@ -52,6 +63,11 @@ class Model:
     weights: Weights
     tokenizer: Tokenizer | None
     source: str
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """Token ids that end a generation: the config's end tokens and the tokenizer's."""
+        return frozenset(self.config.eos_token_ids) | frozenset(self.tokenizer.eos_token_ids if self.tokenizer else ())
 
     def __repr__(self) -> str:
         c = self.config
@@ -70,18 +86,28 @@ class ShippedGGUF:
     install: str       # the command that installs it
     description: str
 
-    def locate(self, cache_dir: Path) -> Path:
-        """Path of the GGUF file on disk (assembled from chunk packages where needed)."""
+    def distribution(self) -> importlib.metadata.Distribution:
+        """The installed PyPI distribution, or ModelNotInstalledError naming the install command."""
         try:
-            dist = importlib.metadata.distribution(self.dist)
+            return importlib.metadata.distribution(self.dist)
         except importlib.metadata.PackageNotFoundError:
             raise ModelNotInstalledError(f"model {self.name!r} is not installed: {self.install}") from None
-        shipped = Path(dist.locate_file(self.file))
+
+    def locate(self, cache_dir: Path) -> Path:
+        """Path of the GGUF file on disk (assembled from chunk packages where needed)."""
+        shipped = Path(self.distribution().locate_file(self.file))
         if shipped.exists():
             return shipped
-        # Packages too large for one wheel ship chunks and an assemble() that joins them.
+        # Packages too large for one wheel ship chunks and an assemble() that joins them. Assemble into a private
+        # staging file and rename it into place, so a crash or a second process never leaves a half-written file.
+        target = Path(cache_dir) / Path(self.file).name
+        if target.exists() and sha256_of(target) == self.sha256:
+            return target
         module = importlib.import_module(self.dist.replace("-", "_"))
-        return Path(module.assemble(cache_dir / Path(self.file).name))
+        with _converting(target) as staging:
+            if not (target.exists() and sha256_of(target) == self.sha256):     # another process may have done it
+                os.replace(module.assemble(staging / target.name), target)
+        return target
 
 
 REGISTRY = {
@@ -159,6 +185,45 @@ def sha256_of(path: Path) -> str:
 
 
 # ---------------------------------------------------------------- the converted-weights cache
+#
+# A converted model is a directory: config.json, model.safetensors, tokenizer.json, tokenizer_meta.json and
+# manifest.json (each file's size, mtime and sha256, written at conversion). Loading checks the manifest: the small
+# files are hashed every time (a hand-edited config.json must not change the model); the 538 MB safetensors file is
+# re-hashed only when its size or mtime differ from the manifest (hashing it costs ~0.6 s, reading the stat nothing),
+# which catches a damaged, truncated or edited file. Conversion happens once, under a file lock, in a per-process
+# staging directory that is renamed into place, so concurrent first loads (a classroom on one shared cache) are safe.
+
+MANIFEST = "manifest.json"
+CACHED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_meta.json")
+ALWAYS_HASHED = ("config.json", "tokenizer.json", "tokenizer_meta.json")
+
+
+def _file_record(path: Path) -> dict:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256_of(path)}
+
+
+def _write_manifest(out: Path) -> None:
+    (out / MANIFEST).write_text(json.dumps({name: _file_record(out / name) for name in CACHED_FILES}, indent=1))
+
+
+def _cache_problem(out: Path) -> str | None:
+    """Why the converted model in `out` cannot be used as it is ("missing", "damaged: ..."), or None when it can."""
+    if not out.exists():
+        return "missing"
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+        for name in CACHED_FILES:
+            expected, st = manifest[name], (out / name).stat()
+            if st.st_size != expected["size"]:
+                return f"damaged: {name} has {st.st_size} bytes, {expected['size']} were written"
+            unchanged = st.st_mtime_ns == expected["mtime_ns"] and name not in ALWAYS_HASHED
+            if not unchanged and sha256_of(out / name) != expected["sha256"]:
+                return f"damaged: {name} differs from what was written (sha256)"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"damaged: {type(e).__name__}: {e}"
+    return None
+
 
 def _save_converted(model: Model, out: Path) -> None:
     """Write config.json and model.safetensors (a tied LM head is stored once)."""
@@ -169,30 +234,125 @@ def _save_converted(model: Model, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(asdict(model.config), indent=1))
 
 
-def _load_converted(out: Path, source: str) -> Model | None:
-    """The model converted earlier into `out`, or None when there is none (or it is damaged)."""
+def _read_converted(out: Path, source: str) -> Model:
+    """The model converted earlier into `out` (whose manifest has been checked)."""
     from safetensors.torch import load_file
-    if not (out / "model.safetensors").exists():
-        return None
-    try:
-        raw = json.loads((out / "config.json").read_text())
-        config = Config(**{f.name: tuple(raw[f.name]) if isinstance(raw[f.name], list) else raw[f.name]
-                           for f in fields(Config)})
-        weights = weights_from_flat(load_file(str(out / "model.safetensors")), config)
-        tokenizer = HFTokenizer(out / "tokenizer.json", TokenizerMeta.load(out / "tokenizer_meta.json"))
-    except Exception as e:   # a damaged cache is ours to rebuild, not the user's problem
-        warnings.warn(f"converted weights in {out} are unreadable ({e}); converting again")
-        return None
+    raw = json.loads((out / "config.json").read_text())
+    config = Config(**{f.name: tuple(raw[f.name]) if isinstance(raw[f.name], list) else raw[f.name]
+                       for f in fields(Config)})
+    weights = weights_from_flat(load_file(str(out / "model.safetensors")), config)
+    tokenizer = HFTokenizer(out / "tokenizer.json", TokenizerMeta.load(out / "tokenizer_meta.json"))
+    check_weights(config, weights)
     return Model(config, weights, tokenizer, source)
+
+
+def _cached(out: Path, source: str) -> tuple[Model | None, str]:
+    """(the converted model in `out`, "") when it is intact, else (None, why not: "missing", "damaged: ...")."""
+    problem = _cache_problem(out)
+    if problem is None:
+        try:
+            return _read_converted(out, source), ""
+        except (OSError, ValueError, KeyError, TypeError) as e:     # e.g. written by another llmwalk version
+            problem = f"unreadable ({type(e).__name__}: {e})"
+    return None, problem
+
+
+def _cached_or_converted(out: Path, source: str, convert: Callable[[Path], None]) -> Model:
+    """The converted model in `out`; `convert(staging_dir)` writes it first when it is missing or damaged."""
+    model, problem = _cached(out, source)
+    if model is not None:
+        return model
+    if problem != "missing":   # a damaged cache is ours to rebuild, not the user's problem
+        warnings.warn(f"converted weights in {out} are {problem}; converting again")
+    with _converting(out) as staging:
+        model, _ = _cached(out, source)                 # another process may have converted it meanwhile
+        if model is None:
+            convert(staging)
+            _write_manifest(staging)
+            _move_into_place(staging, out)
+    return model or _read_converted(out, source)
+
+
+class _converting:
+    """`with _converting(target) as staging:` holds `target`'s lock and a fresh staging directory next to it.
+
+    The staging directory is private to this process and removed on exit; move finished files out of it.
+    """
+
+    def __init__(self, target: Path):
+        self.target = Path(target)
+
+    def __enter__(self) -> Path:
+        from filelock import FileLock
+        root = _writable(self.target.parent)
+        self.staging = Path(tempfile.mkdtemp(prefix=f"{self.target.name}.tmp-", dir=root))
+        self.lock = FileLock(str(root / f"{self.target.name}.lock"))
+        self.lock.acquire()
+        return self.staging
+
+    def __exit__(self, *exc) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.lock.release()
+
+
+def _writable(directory: Path) -> Path:
+    """`directory`, created if needed, or a CacheNotWritableError that says how to choose another one."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as e:
+        raise CacheNotWritableError(
+            f"llmwalk converts a model once and keeps the result in {directory}, but cannot write there "
+            f"({type(e).__name__}: {e.strerror or e}). Choose another directory: set the environment variable "
+            f"LLMWALK_CACHE (e.g. os.environ['LLMWALK_CACHE'] = '/tmp/llmwalk-cache' before loading, or "
+            f"export LLMWALK_CACHE=... in the shell).") from None
+    return directory
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Rename the finished `staging` directory to `out`, replacing a damaged `out` (readers never see a half)."""
+    if out.exists():
+        old = Path(tempfile.mkdtemp(prefix=f"{out.name}.old-", dir=out.parent))
+        out.rename(old / out.name)
+        shutil.rmtree(old, ignore_errors=True)
+    staging.rename(out)
+
+
+class _Checkpoint:
+    """A checkpoint's tensors by name, remembering which were read, so none is silently left out."""
+
+    def __init__(self, flat: dict[str, Tensor]):
+        self.flat, self.used = flat, set()
+
+    def __getitem__(self, name: str) -> Tensor:
+        self.used.add(name)
+        return self.flat[name]
+
+    def get(self, name: str) -> Tensor | None:
+        return self[name] if name in self.flat else None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.flat
+
+    def refuse_unused(self, what: str, ignore: str = r"$^") -> None:
+        """UnsupportedModelError when tensors other than those matching `ignore` (a regex) were never read."""
+        unused = sorted(n for n in self.flat if n not in self.used and not re.search(ignore, n))
+        if unused:
+            raise UnsupportedModelError(
+                f"{what} has {len(unused)} tensors llmwalk does not compute with (e.g. {', '.join(unused[:4])}): "
+                "it is an architecture variant llmwalk does not support, and running without them would be wrong")
 
 
 def weights_from_flat(flat: dict[str, Tensor], config: Config) -> Weights:
     """Rebuild a Weights container from the dotted names written by `tensors()`."""
+    ckpt = _Checkpoint(flat)
+
     def norm(prefix):
-        return Norm(flat[f"{prefix}.weight"], flat.get(f"{prefix}.bias")) if f"{prefix}.weight" in flat else None
+        return Norm(ckpt[f"{prefix}.weight"], ckpt.get(f"{prefix}.bias")) if f"{prefix}.weight" in ckpt else None
 
     def lin(prefix):
-        return Linear(flat[f"{prefix}.weight"], flat.get(f"{prefix}.bias")) if f"{prefix}.weight" in flat else None
+        return Linear(ckpt[f"{prefix}.weight"], ckpt.get(f"{prefix}.bias")) if f"{prefix}.weight" in ckpt else None
 
     blocks = []
     for i in range(config.n_layer):
@@ -203,13 +363,16 @@ def weights_from_flat(flat: dict[str, Tensor], config: Config) -> Weights:
             ffn_up=lin(f"{p}.ffn_up"), ffn_down=lin(f"{p}.ffn_down"), ffn_gate=lin(f"{p}.ffn_gate"),
             attn_q_norm=norm(f"{p}.attn_q_norm"), attn_k_norm=norm(f"{p}.attn_k_norm"),
             post_attention_norm=norm(f"{p}.post_attention_norm"), post_ffw_norm=norm(f"{p}.post_ffw_norm")))
-    token_embd = flat["token_embd"]
-    return Weights(token_embd=token_embd, blocks=tuple(blocks), output_norm=norm("output_norm"),
-                   output=token_embd if config.tied_embeddings else flat["output"],
-                   position_embd=flat.get("position_embd"))
+    token_embd = ckpt["token_embd"]
+    weights = Weights(token_embd=token_embd, blocks=tuple(blocks), output_norm=norm("output_norm"),
+                      output=token_embd if config.tied_embeddings else ckpt["output"],
+                      position_embd=ckpt.get("position_embd"))
+    ckpt.refuse_unused(config.name)
+    return weights
 
 
 def _finish(config: Config, weights: Weights, tokenizer: Tokenizer | None, source: str) -> Model:
+    check_weights(config, weights)
     return Model(replace(config, n_params=count_params(weights)), weights, tokenizer, source)
 
 
@@ -217,21 +380,24 @@ def _finish(config: Config, weights: Weights, tokenizer: Tokenizer | None, sourc
 
 def _load_shipped(src: ShippedGGUF, progress: bool) -> Model:
     out = cache_dir() / f"{src.name}-{src.sha256[:12]}-v{CONVERTER_VERSION}"
-    cached = _load_converted(out, f"{src.name} (converted, cached in {out})")
-    if cached is not None:
-        return cached
-    path = src.locate(cache_dir())
-    digest = sha256_of(path)
-    if digest != src.sha256:
-        raise CorruptModelFileError(
-            f"{path} has sha256 {digest}, expected {src.sha256}: the file is corrupted or not the expected "
-            f"release. Reinstall it: pip uninstall -y {src.dist} && {src.install} --force-reinstall")
-    return _convert_gguf(path, src.name, out, progress)
+    src.distribution()                 # not installed: say so before anything is written
+
+    def convert(staging: Path) -> None:
+        path = src.locate(cache_dir())
+        digest = sha256_of(path)
+        if digest != src.sha256:
+            raise CorruptModelFileError(
+                f"{path} has sha256 {digest}, expected {src.sha256}: the file is corrupted or not the expected "
+                f"release. Reinstall it: pip uninstall -y {src.dist} && {src.install} --force-reinstall")
+        _convert_gguf(path, src.name, staging, progress)
+
+    return _cached_or_converted(out, f"{src.name} (converted, cached in {out})", convert)
 
 
 def _load_gguf_file(path: Path, progress: bool) -> Model:
     out = cache_dir() / f"{path.stem}-{sha256_of(path)[:12]}-v{CONVERTER_VERSION}"
-    return _load_converted(out, f"{path} (converted, cached in {out})") or _convert_gguf(path, path.stem, out, progress)
+    return _cached_or_converted(out, f"{path} (converted, cached in {out})",
+                                lambda staging: _convert_gguf(path, path.stem, staging, progress))
 
 
 def _gguf_field(reader, key, default=None):
@@ -249,8 +415,16 @@ def gguf_config(reader, name: str) -> Config:
     """Read the architecture numbers from GGUF metadata."""
     arch = _gguf_field(reader, "general.architecture")
     if arch not in ("llama", "gemma3"):
-        raise ValueError(f"GGUF architecture {arch!r} is not supported: llmwalk runs llama and gemma3 GGUF files")
+        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported: llmwalk runs llama and gemma3 "
+                                    "GGUF files")
     g = lambda key, default=None: _gguf_field(reader, f"{arch}.{key}", default)   # noqa: E731
+    scaling = g("rope.scaling.type", "none")
+    if scaling != "none" or any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise UnsupportedModelError(f"{name}: RoPE scaling ({scaling if scaling != 'none' else 'rope_freqs'}, "
+                                    "e.g. Llama-3.1+) is not supported; llmwalk computes plain RoPE")
+    for key in ("attention.head_count", "attention.head_count_kv", "feed_forward_length"):
+        if not isinstance(g(key, 0), (int, np.integer)):
+            raise UnsupportedModelError(f"{name}: {arch}.{key} differs per layer, which llmwalk does not support")
     d_model, n_head = int(g("embedding_length")), int(g("attention.head_count"))
     d_head = int(g("attention.key_length", d_model // n_head))
     n_layer = int(g("block_count"))
@@ -273,8 +447,8 @@ def gguf_config(reader, name: str) -> Config:
                   embed_scale=float(np.float32(d_model ** 0.5)), qk_norm=True, sandwich_norm=True, **common)
 
 
-def _convert_gguf(path: Path, name: str, out: Path, progress: bool) -> Model:
-    """Dequantize every tensor of a GGUF file into llmwalk's fp32 weights, and keep the result in `out`."""
+def _convert_gguf(path: Path, name: str, out: Path, progress: bool) -> None:
+    """Dequantize every tensor of a GGUF file into llmwalk's fp32 weights, written into the directory `out`."""
     import gguf
     from gguf.quants import dequantize
     from tqdm.auto import tqdm
@@ -293,15 +467,8 @@ def _convert_gguf(path: Path, name: str, out: Path, progress: bool) -> Model:
             w = w.T                                                    # llmwalk computes x @ W: [d_in, d_out]
         flat[key if key in ("token_embd", "output") else f"{key}.weight"] = torch.from_numpy(np.ascontiguousarray(w))
     model = _finish(config, weights_from_flat(flat, config), None, str(path))
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    _save_converted(model, tmp)
-    _save_gguf_tokenizer(path, name, tmp)
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
-    tokenizer = HFTokenizer(out / "tokenizer.json", TokenizerMeta.load(out / "tokenizer_meta.json"))
-    return replace(model, tokenizer=tokenizer, source=f"{path} (converted into {out})")
+    _save_converted(model, out)
+    _save_gguf_tokenizer(path, name, out)
 
 
 def _save_gguf_tokenizer(path: Path, name: str, out: Path) -> None:
@@ -315,8 +482,15 @@ def _save_gguf_tokenizer(path: Path, name: str, out: Path) -> None:
 
 # ---------------------------------------------------------------- Hugging Face directories and the Hub
 
+HF_TYPES = ("gpt2", "llama", "mistral", "qwen2")   # model_type values a directory may have; each tested vs transformers
+
+
 def load_hf_dir(path: Path, name: str | None = None) -> Model:
-    """A local Hugging Face directory (config.json + *.safetensors) of a GPT-2 or Llama-family model."""
+    """A local Hugging Face directory (config.json + *.safetensors) of a GPT-2, Llama, Mistral or Qwen2 model.
+
+    Anything in the config or the checkpoint that would change the maths and that llmwalk does not compute
+    (RoPE scaling, another activation, extra tensors, ...) is refused with an UnsupportedModelError naming it.
+    """
     from safetensors.torch import load_file
     path = Path(path)
     if not (path / "config.json").exists():
@@ -328,18 +502,23 @@ def load_hf_dir(path: Path, name: str | None = None) -> Model:
             raise PickleCheckpointError(_pickle_message(path / pickles[0]))
         raise UnknownModelError(f"{path} has no *.safetensors weights")
     hf = json.loads((path / "config.json").read_text())
+    kind = hf.get("model_type")
+    if kind not in HF_TYPES:
+        raise UnsupportedModelError(f"{path}: model_type {kind!r} is not supported; llmwalk loads Hugging Face "
+                                    f"directories of {', '.join(HF_TYPES)} (and llama/gemma3 GGUF files)")
+    if hf.get("quantization_config"):
+        _refuse(path, f"a quantized checkpoint ({hf['quantization_config'].get('quant_method')})")
     sd: dict[str, Tensor] = {}
     for shard in shards:
         sd.update(load_file(str(shard)))
     name = name or path.name
-    kind = hf.get("model_type")
-    if kind == "gpt2":
-        config, weights = _gpt2_from_hf(hf, sd, name)
-    elif kind in ("llama", "mistral", "qwen2") and not hf.get("attention_bias") and not hf.get("mlp_bias"):
-        config, weights = _llama_from_hf(hf, sd, name)
-    else:
-        raise ValueError(f"{path}: model_type {kind!r} is not supported; llmwalk runs GPT-2 and Llama-family models")
+    config, weights = (_gpt2_from_hf if kind == "gpt2" else _llama_from_hf)(hf, sd, name, path)
     return _finish(config, weights, _hf_dir_tokenizer(path, name, config), str(path))
+
+
+def _refuse(path: Path, feature: str):
+    raise UnsupportedModelError(f"{path}: {feature} is not supported by llmwalk; loading it anyway would compute "
+                                "something other than the model (transformers would give different logits)")
 
 
 def _hf_dir_tokenizer(path: Path, name: str, config: Config) -> Tokenizer | None:
@@ -359,58 +538,113 @@ def _eos(hf: dict) -> tuple[int, ...]:
     return tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
 
 
-def _gpt2_from_hf(hf: dict, sd: dict[str, Tensor], name: str) -> tuple[Config, Weights]:
-    if hf.get("scale_attn_by_inverse_layer_idx") or hf.get("reorder_and_upcast_attn"):
-        raise ValueError("GPT-2 variants with scale_attn_by_inverse_layer_idx/reorder_and_upcast_attn are not supported")
+def _lm_head(hf: dict, ckpt: _Checkpoint, embd: Tensor, path: Path, tied_default: bool) -> Tensor:
+    """The LM head: the embedding table when tie_word_embeddings says so (as transformers ties), else lm_head."""
+    if hf.get("tie_word_embeddings", tied_default):
+        return embd
+    if "lm_head.weight" not in ckpt:
+        _refuse(path, "tie_word_embeddings=false without an lm_head.weight tensor (transformers would use a "
+                      "random LM head)")
+    return ckpt["lm_head.weight"]
+
+
+def _gpt2_from_hf(hf: dict, sd: dict[str, Tensor], name: str, path: Path) -> tuple[Config, Weights]:
+    for key in ("scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn", "add_cross_attention"):
+        if hf.get(key):
+            _refuse(path, f"GPT-2 with {key}=true")
+    if not hf.get("scale_attn_weights", True):
+        _refuse(path, "GPT-2 with scale_attn_weights=false")
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
-        raise ValueError(f"GPT-2 activation {hf['activation_function']!r} is not supported (only tanh-GELU)")
-    sd = {k.removeprefix("transformer."): v for k, v in sd.items()}
+        _refuse(path, f"GPT-2 activation {hf['activation_function']!r} (only tanh-GELU)")
+    ckpt = _Checkpoint({k.removeprefix("transformer."): v for k, v in sd.items()})
     d = hf["n_embd"]
-    config = Config(name=name, family="gpt2", n_layer=hf["n_layer"], n_head=hf["n_head"], n_kv_head=hf["n_head"],
-                    d_model=d, d_head=d // hf["n_head"], d_ff=hf.get("n_inner") or 4 * d, vocab_size=hf["vocab_size"],
-                    context_length=hf["n_positions"], norm="layernorm", norm_eps=hf.get("layer_norm_epsilon", 1e-5),
-                    position="learned", ffn="gelu", tied_embeddings=True,
-                    bos_token_id=hf.get("bos_token_id"), eos_token_ids=_eos(hf))
-    norm = lambda p: Norm(sd[f"{p}.weight"], sd[f"{p}.bias"])                        # noqa: E731
-    lin = lambda p: Linear(sd[f"{p}.weight"], sd[f"{p}.bias"])                       # noqa: E731  Conv1D: [in, out]
+    norm = lambda p: Norm(ckpt[f"{p}.weight"], ckpt[f"{p}.bias"])                  # noqa: E731
+    lin = lambda p: Linear(ckpt[f"{p}.weight"], ckpt[f"{p}.bias"])                 # noqa: E731  Conv1D: [in, out]
     blocks = []
-    for i in range(config.n_layer):
+    for i in range(hf["n_layer"]):
         p = f"h.{i}"
         # GPT-2 computes q, k, v with one fused matrix; split it so every family has the same three.
-        qw, kw, vw = (w.contiguous() for w in sd[f"{p}.attn.c_attn.weight"].split(d, dim=1))
-        qb, kb, vb = sd[f"{p}.attn.c_attn.bias"].split(d)
+        qw, kw, vw = (w.contiguous() for w in ckpt[f"{p}.attn.c_attn.weight"].split(d, dim=1))
+        qb, kb, vb = ckpt[f"{p}.attn.c_attn.bias"].split(d)
         blocks.append(Block(attn_norm=norm(f"{p}.ln_1"), attn_q=Linear(qw, qb), attn_k=Linear(kw, kb),
                             attn_v=Linear(vw, vb), attn_output=lin(f"{p}.attn.c_proj"), ffn_norm=norm(f"{p}.ln_2"),
                             ffn_up=lin(f"{p}.mlp.c_fc"), ffn_down=lin(f"{p}.mlp.c_proj")))
-    weights = Weights(token_embd=sd["wte.weight"], blocks=tuple(blocks), output_norm=norm("ln_f"),
-                      output=sd["wte.weight"], position_embd=sd["wpe.weight"])
+    embd = ckpt["wte.weight"]
+    output = _lm_head(hf, ckpt, embd, path, tied_default=True)
+    config = Config(name=name, family="gpt2", n_layer=hf["n_layer"], n_head=hf["n_head"], n_kv_head=hf["n_head"],
+                    d_model=d, d_head=d // hf["n_head"], d_ff=hf.get("n_inner") or 4 * d, vocab_size=hf["vocab_size"],
+                    context_length=hf["n_positions"], norm="layernorm", norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+                    position="learned", ffn="gelu", tied_embeddings=output is embd,
+                    bos_token_id=hf.get("bos_token_id"), eos_token_ids=_eos(hf))
+    weights = Weights(token_embd=embd, blocks=tuple(blocks), output_norm=norm("ln_f"), output=output,
+                      position_embd=ckpt["wpe.weight"])
+    ckpt.refuse_unused(str(path), ignore=r"\.attn\.(masked_)?bias$|^lm_head\.weight$")   # old causal-mask buffers
     return config, weights
 
 
-def _llama_from_hf(hf: dict, sd: dict[str, Tensor], name: str) -> tuple[Config, Weights]:
-    rope = hf.get("rope_parameters") or {}
-    if (hf.get("rope_scaling") or {}).get("rope_type", "default") != "default" or rope.get("rope_type", "default") != "default":
-        raise ValueError("Llama models with RoPE scaling are not supported")
+def _rope_theta(hf: dict, path: Path) -> float:
+    """RoPE's base frequency; RoPE scaling (Llama-3.1's "llama3", YaRN, linear, ...) is refused."""
+    rope = hf.get("rope_parameters") or {}            # transformers >= 5 keeps theta and scaling here
+    for params in (rope, hf.get("rope_scaling") or {}):
+        kind = params.get("rope_type", params.get("type", "default"))
+        if kind != "default":
+            _refuse(path, f"RoPE scaling (rope_type={kind!r})")
+    if rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)) != 1.0:
+        _refuse(path, "partial rotary embeddings (partial_rotary_factor < 1)")
+    return float(rope.get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
+def _window(hf: dict, kind: str, n_layer: int, path: Path) -> tuple[int | None, tuple[int, ...]]:
+    """(sliding_window, layers with full attention), as transformers' Mistral and Qwen2 read their configs."""
+    if kind == "mistral":                             # every layer slides when sliding_window is set
+        return hf.get("sliding_window", 4096), ()
+    if kind != "qwen2":
+        return None, ()
+    window = hf.get("sliding_window", 4096) if hf.get("use_sliding_window", False) else None
+    types = hf.get("layer_types") or ["sliding_attention" if window is not None and i >= hf.get("max_window_layers", 28)
+                                      else "full_attention" for i in range(n_layer)]
+    if set(types) - {"full_attention", "sliding_attention"} or ("sliding_attention" in types and window is None):
+        _refuse(path, f"layer_types {sorted(set(types))} with sliding_window={window}")
+    if "sliding_attention" not in types:
+        return None, ()
+    return window, tuple(i for i, t in enumerate(types) if t == "full_attention")
+
+
+def _llama_from_hf(hf: dict, sd: dict[str, Tensor], name: str, path: Path) -> tuple[Config, Weights]:
+    """Llama and its close relatives: Mistral (a sliding window) and Qwen2 (biases on q, k and v)."""
+    kind = hf["model_type"]
+    if hf.get("hidden_act", "silu") != "silu":
+        _refuse(path, f"hidden_act={hf['hidden_act']!r} (llmwalk's SwiGLU uses silu)")
     d, nh = hf["hidden_size"], hf["num_attention_heads"]
-    tied = hf.get("tie_word_embeddings", False) or "lm_head.weight" not in sd
-    config = Config(name=name, family="llama", n_layer=hf["num_hidden_layers"], n_head=nh,
-                    n_kv_head=hf.get("num_key_value_heads", nh), d_model=d, d_head=hf.get("head_dim") or d // nh,
+    n_layer = hf["num_hidden_layers"]
+    sliding_window, global_layers = _window(hf, kind, n_layer, path)
+    qkv_bias = kind == "qwen2" or (kind == "llama" and hf.get("attention_bias", False))
+    o_bias = kind == "llama" and hf.get("attention_bias", False)
+    mlp_bias = kind == "llama" and hf.get("mlp_bias", False)
+    ckpt = _Checkpoint(sd)
+    norm = lambda p: Norm(ckpt[f"{p}.weight"])                                                    # noqa: E731
+    lin = lambda p, bias: Linear(ckpt[f"{p}.weight"].T.contiguous(), ckpt[f"{p}.bias"] if bias else None)  # noqa: E731
+    blocks = []
+    for i in range(n_layer):
+        p = f"model.layers.{i}"
+        blocks.append(Block(
+            attn_norm=norm(f"{p}.input_layernorm"), attn_q=lin(f"{p}.self_attn.q_proj", qkv_bias),
+            attn_k=lin(f"{p}.self_attn.k_proj", qkv_bias), attn_v=lin(f"{p}.self_attn.v_proj", qkv_bias),
+            attn_output=lin(f"{p}.self_attn.o_proj", o_bias), ffn_norm=norm(f"{p}.post_attention_layernorm"),
+            ffn_gate=lin(f"{p}.mlp.gate_proj", mlp_bias), ffn_up=lin(f"{p}.mlp.up_proj", mlp_bias),
+            ffn_down=lin(f"{p}.mlp.down_proj", mlp_bias)))
+    embd = ckpt["model.embed_tokens.weight"]
+    output = _lm_head(hf, ckpt, embd, path, tied_default=False)
+    config = Config(name=name, family=kind, n_layer=n_layer, n_head=nh,
+                    n_kv_head=hf.get("num_key_value_heads") or nh, d_model=d, d_head=hf.get("head_dim") or d // nh,
                     d_ff=hf["intermediate_size"], vocab_size=hf["vocab_size"],
                     context_length=hf["max_position_embeddings"], norm="rmsnorm", norm_eps=hf["rms_norm_eps"],
-                    position="rope", ffn="swiglu", tied_embeddings=tied,
-                    rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+                    position="rope", ffn="swiglu", tied_embeddings=output is embd, rope_theta=_rope_theta(hf, path),
+                    sliding_window=sliding_window, global_layers=global_layers,
                     bos_token_id=hf.get("bos_token_id"), eos_token_ids=_eos(hf))
-    norm = lambda p: Norm(sd[f"{p}.weight"])                              # noqa: E731
-    lin = lambda p: Linear(sd[f"{p}.weight"].T.contiguous())             # noqa: E731  nn.Linear: [out, in]
-    blocks = tuple(Block(
-        attn_norm=norm(f"model.layers.{i}.input_layernorm"), attn_q=lin(f"model.layers.{i}.self_attn.q_proj"),
-        attn_k=lin(f"model.layers.{i}.self_attn.k_proj"), attn_v=lin(f"model.layers.{i}.self_attn.v_proj"),
-        attn_output=lin(f"model.layers.{i}.self_attn.o_proj"), ffn_norm=norm(f"model.layers.{i}.post_attention_layernorm"),
-        ffn_gate=lin(f"model.layers.{i}.mlp.gate_proj"), ffn_up=lin(f"model.layers.{i}.mlp.up_proj"),
-        ffn_down=lin(f"model.layers.{i}.mlp.down_proj")) for i in range(config.n_layer))
-    embd = sd["model.embed_tokens.weight"]
-    return config, Weights(token_embd=embd, blocks=blocks, output_norm=norm("model.norm"),
-                           output=embd if tied else sd["lm_head.weight"])
+    weights = Weights(token_embd=embd, blocks=tuple(blocks), output_norm=norm("model.norm"), output=output)
+    ckpt.refuse_unused(str(path), ignore=r"rotary_emb\.inv_freq$|^lm_head\.weight$")
+    return config, weights
 
 
 def _load_hub(name: str) -> Model:

@@ -10,24 +10,29 @@ computes `x @ w.weight` (through `layers.matmul`), and `QuantizedTensor.__rmatmu
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass, replace
-from functools import cached_property, partial
+from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from .walk import Trace, forward
+from .walk import forward
 from .weights import Weights, tensors, to_dtype
 
 if TYPE_CHECKING:
     from .models import Model
 
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-EVAL_TEXT = "data/eval_text.txt"
+# torch's CPU kernels that multiply integer codes directly. They are private (aten._…) and come and go between
+# torch versions (pyproject allows torch >= 2.4), so each is used only if this torch has it; otherwise a product
+# dequantizes the weight and multiplies in the activations' dtype: slower, the same maths.
+INT8_KERNEL, INT4_KERNEL = "_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu"
+
+
+def has_kernel(name: str) -> bool:
+    """Whether this torch build has the private aten kernel `name` (INT8_KERNEL or INT4_KERNEL)."""
+    return hasattr(torch.ops.aten, name)
 
 
 @dataclass(frozen=True)
@@ -74,9 +79,10 @@ class QuantizedTensor:
         computes (u − 8)·s + z from unsigned codes u = code + 8 in its own tiled layout, so w = s·(code − zero)
         gives z = −s·zero. (That layout is a second copy of the 4-bit codes, made once, the size of `codes`.)
         """
-        if self.bits == 8 and self.zeros is None and self.scales.shape[0] == 1:
+        if self.bits == 8 and self.zeros is None and self.scales.shape[0] == 1 and has_kernel(INT8_KERNEL):
             return self.codes.T, self.scales[0].bfloat16()
-        if self.bits == 4 and self.group_size in (32, 64, 128, 256):
+        if (self.bits == 4 and self.group_size in (32, 64, 128, 256) and has_kernel(INT4_KERNEL)
+                and has_kernel("_convert_weight_to_int4pack_for_cpu")):
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(_code_rows(self).int() + 8, 1)
             shift = torch.zeros_like(self.scales) if self.zeros is None else -self.scales * self.zeros
             return packed, torch.stack([self.scales, shift], dim=-1).bfloat16()    # [n_groups, d_out, 2]
@@ -150,7 +156,7 @@ def int8_matmul(x: Tensor, q: QuantizedTensor) -> Tensor:
 
     The kernel reads int8 codes [d_out, d_in] and one scale per output. On CPU it is fast only with bf16
     activations: on an AVX-512 machine about 2x faster than fp32 x @ W over SmolLM2's layer matrices and 4x
-    on its LM head, while with fp32 activations it is 3x slower than fp32. See `bench_linear_kernels`.
+    on its LM head, while with fp32 activations it is 3x slower than fp32. See `bench.bench_linear_kernels`.
     """
     codes, scales = q.kernel
     return torch.ops.aten._weight_int8pack_mm(x.bfloat16().contiguous(), codes, scales).to(x.dtype)
@@ -181,6 +187,11 @@ class QuantizedTable:
     def T(self) -> QuantizedTensor:
         """The LM head computes x @ table.T."""
         return self.head
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype looked-up rows come out in (what the activations after the embedding are)."""
+        return torch.float32
 
 
 @dataclass(frozen=True)
@@ -222,6 +233,10 @@ def quantize_model(model: "Model", bits: int = 8, group_size: int | None = None,
     every logit goes through it. Int8 per-channel symmetric weights use torch's int8 kernel; other formats
     are dequantized on the fly inside each product (slower than fp32: a format for accuracy studies).
     """
+    stored = [getattr(b, n).weight for b in model.weights.blocks for n in LINEARS if getattr(b, n) is not None]
+    if not all(isinstance(w, Tensor) for w in [*stored, model.weights.token_embd]):
+        raise ValueError(f"{model.source!r} is already quantized: quantize the float model instead "
+                         "(or lw.dequantize_model(model) first, which keeps the rounding errors it already has)")
     def quant(w: Tensor) -> QuantizedTensor:
         return quantize_tensor(w, bits, group_size, symmetric)
     weights = map_linears(model.weights, quant)
@@ -231,20 +246,20 @@ def quantize_model(model: "Model", bits: int = 8, group_size: int | None = None,
     return replace(model, weights=weights, source=f"{model.source}, {fmt} weights")
 
 
-def _to_float(w):
+def to_float(w):
     """A stored weight as a plain tensor: quantized ones dequantized, wrappers unwrapped, tensors as they are."""
     if isinstance(w, QuantizedTensor):
         return dequantize_tensor(w)
     if isinstance(w, QuantizedTable):
         return dequantize_tensor(w.head).T.contiguous()
     if isinstance(w, Int8Activations):
-        return _to_float(w.weight)
+        return to_float(w.weight)
     return w
 
 
 def dequantize_model(model: "Model") -> "Model":
     """Every weight back in fp32: the same rounding errors as the quantized (or bf16) model, fp32 maths and speed."""
-    weights = to_dtype(map_tables(map_linears(model.weights, _to_float), _to_float), torch.float32)
+    weights = to_dtype(map_tables(map_linears(model.weights, to_float), to_float), torch.float32)
     return replace(model, weights=weights, source=f"{model.source}, dequantized to fp32")
 
 
@@ -264,164 +279,3 @@ def dynamic_int8_logits(model: "Model", ids: Sequence[int] | Tensor) -> Tensor:
     """Logits with int8 weights (per channel) and int8 inputs to every layer matrix (per tensor, scale from
     max |x|), the way torch's quantize_dynamic works.  # [T] -> [T, vocab]"""
     return forward(quantize_activations(quantize_model(model, 8)), ids, record=False).logits
-
-
-# ---------------------------------------------------------------- accuracy
-
-def eval_text() -> str:
-    """The evaluation text shipped with llmwalk (an original ~800-word explanation of how Paris became a capital)."""
-    from importlib.resources import files
-    return files("llmwalk").joinpath(EVAL_TEXT).read_text(encoding="utf-8")
-
-
-def _chunks(ids: Sequence[int], size: int) -> list[list[int]]:
-    """Consecutive pieces of at most `size` tokens; each is scored on its own (no context carried over)."""
-    return [list(ids[i:i + size]) for i in range(0, len(ids), size)]
-
-
-def _log_probs(model: "Model", ids: list[int]) -> Tensor:
-    """Next-token log-probabilities at every position.  # [T] -> [T, vocab]"""
-    return F.log_softmax(forward(model, ids, record=False).logits.float(), dim=-1)
-
-
-def _nll(log_probs: Tensor, ids: list[int]) -> Tensor:
-    """−log p(actual next token) at every position but the last.  # [T, vocab] -> [T - 1]"""
-    return -log_probs[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
-
-
-def perplexity(model: "Model", text: str | None = None, chunk: int = 512) -> float:
-    """exp(mean −log p(next token)) over the text, in chunks of at most `chunk` tokens."""
-    parts = _chunks(model.tokenizer.encode(text or eval_text()), chunk)
-    return float(torch.cat([_nll(_log_probs(model, p), p) for p in parts]).mean().exp())
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """How far a changed model is from the fp32 one, on one text."""
-
-    weight_bytes: int
-    fp32_weight_bytes: int
-    weight_error: list[dict]    # per layer: max and mean |w − w_fp32| over its matrices
-    kl_mean: float              # KL(p_fp32 ‖ p) of the next-token distributions, mean over positions
-    kl_max: float
-    top1_agreement: float       # fraction of positions where both pick the same most likely next token
-    perplexity_fp32: float
-    perplexity: float
-    n_tokens: int
-
-
-def layer_weight_errors(model: "Model", other: "Model") -> list[dict]:
-    """Per layer, max and mean |w − w_fp32| over all its matrices (quantized weights dequantized)."""
-    rows = []
-    for i, (a, b) in enumerate(zip(model.weights.blocks, other.weights.blocks)):
-        errs = torch.cat([(_to_float(getattr(b, n).weight).float() - getattr(a, n).weight).abs().flatten()
-                          for n in LINEARS if getattr(a, n) is not None])
-        rows.append({"layer": i, "max_abs_error": float(errs.max()), "mean_abs_error": float(errs.mean())})
-    return rows
-
-
-def compare_to_fp32(model: "Model", changed: "Model", text: str | None = None, chunk: int = 512) -> Comparison:
-    """Memory, weight error, KL, top-1 agreement and perplexity of `changed` against the fp32 `model`."""
-    kl, agree, nll_ref, nll = [], [], [], []
-    for part in _chunks(model.tokenizer.encode(text or eval_text()), chunk):
-        ref, out = _log_probs(model, part), _log_probs(changed, part)
-        kl.append((ref.exp() * (ref - out)).sum(-1))
-        agree.append(ref.argmax(-1) == out.argmax(-1))
-        nll_ref.append(_nll(ref, part))
-        nll.append(_nll(out, part))
-    kl_all = torch.cat(kl)
-    return Comparison(model_weight_bytes(changed), model_weight_bytes(model), layer_weight_errors(model, changed),
-                      float(kl_all.mean()), float(kl_all.max()), float(torch.cat(agree).float().mean()),
-                      float(torch.cat(nll_ref).mean().exp()), float(torch.cat(nll).mean().exp()), len(kl_all))
-
-
-def activation_outliers(trace: Trace) -> list[dict]:
-    """Per layer and per layer-matrix input, max |activation| against the median: the outliers that break int8.
-
-    A per-tensor int8 scale is set by the largest value; when one channel is 100x the median, the typical
-    values get only one or two of the 255 levels.
-    """
-    rows = []
-    for i, layer in enumerate(trace.layers):
-        for site in ("attn_in", "ffn_in", "ffn_hidden"):
-            a = getattr(layer, site).abs()                     # [T, d]
-            peak, median = a.max(), a.median()
-            rows.append({"layer": i, "site": site, "max_abs": float(peak), "median_abs": float(median),
-                         "ratio": float(peak / median), "channel": int(a.amax(0).argmax()),
-                         "position": int(a.amax(1).argmax())})
-    return rows
-
-
-# ---------------------------------------------------------------- speed
-
-def _fp32(w: Tensor) -> Callable[[Tensor], Tensor]:
-    return lambda x: x @ w
-
-
-def _bf16(w: Tensor) -> Callable[[Tensor], Tensor]:
-    wb = w.bfloat16()
-    return lambda x: (x.bfloat16() @ wb).float()
-
-
-def _dequantized(w: Tensor, **fmt) -> Callable[[Tensor], Tensor]:
-    q = quantize_tensor(w, **fmt)
-    return lambda x: x @ dequantize_tensor(q)
-
-
-def _as_in_model(w: Tensor, **fmt) -> Callable[[Tensor], Tensor]:
-    q = quantize_tensor(w, **fmt)
-    return lambda x: q.__rmatmul__(x)
-
-
-def _int8_kernel_fp32(w: Tensor) -> Callable[[Tensor], Tensor]:
-    codes, scales = quantize_tensor(w, 8).kernel
-    return lambda x: torch.ops.aten._weight_int8pack_mm(x, codes, scales.float())
-
-
-KERNELS: dict[str, Callable[[Tensor], Callable[[Tensor], Tensor]]] = {
-    "fp32 x @ W": _fp32,
-    "bf16 x @ W": _bf16,
-    "int8 dequantize, then fp32 x @ W": partial(_dequantized, bits=8),
-    "int8 _weight_int8pack_mm, fp32 x": _int8_kernel_fp32,
-    "int8 _weight_int8pack_mm, bf16 x (quantize_model's path)": partial(_as_in_model, bits=8),
-    "int4 g32 dequantize, then fp32 x @ W": partial(_dequantized, bits=4, group_size=32),
-    "int4 g32 _weight_int4pack_mm_for_cpu, bf16 x (quantize_model's path)": partial(_as_in_model, bits=4, group_size=32),
-}
-
-
-def bench_linear_kernels(model: "Model", rounds: int = 5, repeats: int = 3) -> list[dict]:
-    """Time one decode step's matrix-vector products (x: [1, d_in]) per kernel, on an fp32 model's real matrices.
-
-    Each workload runs through the matrices of all layers in turn, as decoding does, so that the weights come
-    from memory rather than cache. Kernels are interleaved round by round; the median round is reported.
-    Returns rows {workload, kernel, microseconds, speedup_vs_fp32}.
-    """
-    per_name = {n: [getattr(b, n).weight for b in model.weights.blocks]
-                for n in LINEARS if getattr(model.weights.blocks[0], n) is not None}
-    workloads = {f"{n} x{len(ws)}": ws for n, ws in per_name.items()}
-    workloads["all layer matrices (one decode step)"] = [w for ws in per_name.values() for w in ws]
-    workloads["lm_head"] = [model.weights.output.T]
-    matrices = {id(w): w for ws in workloads.values() for w in ws}
-    prepared = {k: {i: make(w) for i, w in matrices.items()} for k, make in KERNELS.items()}
-    gen = torch.Generator().manual_seed(0)
-    rows = []
-    for workload, ws in workloads.items():
-        xs = [torch.randn(1, w.shape[0], generator=gen) for w in ws]
-        times: dict[str, list[float]] = {k: [] for k in KERNELS}
-        for _ in range(rounds):
-            for k in KERNELS:
-                times[k].append(_seconds([prepared[k][id(w)] for w in ws], xs, repeats))
-        median = {k: statistics.median(t) for k, t in times.items()}
-        rows += [{"workload": workload, "kernel": k, "microseconds": t * 1e6,
-                  "speedup_vs_fp32": median["fp32 x @ W"] / t} for k, t in median.items()]
-    return rows
-
-
-def _seconds(fns: list[Callable[[Tensor], Tensor]], xs: list[Tensor], repeats: int) -> float:
-    """Seconds per pass through all the matrices."""
-    fns[0](xs[0])                                           # warm-up: first-call allocations
-    tic = time.perf_counter()
-    for _ in range(repeats):
-        for f, x in zip(fns, xs):
-            f(x)
-    return (time.perf_counter() - tic) / repeats

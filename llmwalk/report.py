@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import html
 import unicodedata
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 
 
 def _width(s: str) -> int:
@@ -28,13 +29,14 @@ class Table:
     header: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
     title: str = ""
+    note: str = ""            # a line under the rows (the claims tables: the verdict rules)
 
     def __repr__(self) -> str:
         cells = [list(self.header)] + [list(r) for r in self.rows]
         widths = [max(_width(c) for row in cells for c in [row[i]]) for i in range(len(self.header))]
         fmt = lambda row: " | ".join(_pad(c, w) for c, w in zip(row, widths)).rstrip()   # noqa: E731
         lines = ([self.title] if self.title else []) + [fmt(cells[0]), "-+-".join("-" * w for w in widths)]
-        return "\n".join(lines + [fmt(r) for r in cells[1:]])
+        return "\n".join(lines + [fmt(r) for r in cells[1:]] + ([self.note] if self.note else []))
 
     def _repr_html_(self) -> str:
         esc = lambda s: html.escape(s).replace("\n", "<br>")                                  # noqa: E731
@@ -42,25 +44,107 @@ class Table:
         body = "".join("<tr>" + "".join(f"<td style='text-align:left'>{esc(c)}</td>" for c in r) + "</tr>"
                        for r in self.rows)
         caption = f"<caption style='text-align:left'><b>{esc(self.title)}</b></caption>" if self.title else ""
-        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+        foot = (f"<tfoot><tr><td colspan='{len(self.header)}' style='text-align:left'><small>{esc(self.note)}</small>"
+                f"</td></tr></tfoot>" if self.note else "")
+        return f"<table>{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody>{foot}</table>"
 
 
-def table(rows, header, title: str = "") -> Table:
+def table(rows, header, title: str = "", note: str = "") -> Table:
     """Build a Table; floats are shown with 4 significant digits."""
-    return Table(tuple(header), tuple(tuple(_cell(v) for v in row) for row in rows), title)
+    return Table(tuple(header), tuple(tuple(_cell(v) for v in row) for row in rows), title, note)
+
+
+# ---------------------------------------------------------------- the article's claims
+
+CLOSE = 0.10    # a number holds when it is within 10 % of the article's ...
+ROUGH = 2.0     # ... and is roughly right within a factor of 2
+
+
+class Verdict(str, Enum):
+    """How one measurement answers one claim of the article. The only rule set: every claim's verdict comes from
+    `Verdict.of` (a claim's point and its details) or `Verdict.of_number` (a claim that is a number)."""
+
+    HOLDS = "✓ holds"
+    ROUGHLY = "≈ roughly"
+    DIFFERS = "✗ differs"
+    UNCHECKABLE = "— not checkable here"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def of(cls, point: bool, details: bool = True) -> "Verdict":
+        """✓ when the claim's point and every detail hold; ≈ when the point holds and a detail (a number, a name,
+        a part of a list) does not; ✗ when the measurement contradicts the point."""
+        return cls.DIFFERS if not point else cls.HOLDS if details else cls.ROUGHLY
+
+    @classmethod
+    def of_number(cls, measured: float, said: float) -> "Verdict":
+        """A claim that is a number: ✓ within CLOSE (10 %) of the article's, ≈ within a factor of ROUGH (2), ✗ beyond."""
+        if measured <= 0 or said <= 0:
+            raise ValueError(f"of_number compares positive quantities, got measured={measured}, said={said}")
+        r = max(measured, said) / min(measured, said)
+        return cls.HOLDS if r <= 1 + CLOSE else cls.ROUGHLY if r <= ROUGH else cls.DIFFERS
+
+
+RULES = (f"verdicts — {Verdict.HOLDS}: the claim's point and every detail hold (a number: within {CLOSE:.0%}); "
+         f"{Verdict.ROUGHLY}: the point holds, a detail does not (a number: within ×{ROUGH:g});\n"
+         f"{Verdict.DIFFERS}: the measurement contradicts the point (a number: off by more than ×{ROUGH:g}); "
+         f"{Verdict.UNCHECKABLE}: nothing offline can measure it (llmwalk.report.Verdict)")
+SECTION_NOTEBOOKS = {"一": "01_one_second.ipynb", "二": "02_tokenization.ipynb", "三": "03_embedding.ipynb",
+                     "四": "04_layers.ipynb", "五": "05_lm_head.ipynb", "六": "06_sampling.ipynb",
+                     "七": "07_autoregressive.ipynb", "八": "08_cost.ipynb", "九": "09_the_journey.ipynb"}
 
 
 @dataclass(frozen=True)
 class Claim:
-    """One claim of the article next to what we measured."""
+    """One claim of the article next to what we measured.
+
+    `numbers` holds the measured values the `measured` text is formatted from (tests check these, not the prose);
+    `said` the article's own number when the claim is one.
+    """
 
     section: str
     article: str
     measured: str
-    verdict: str      # "✓ holds", "✗ differs", "≈ roughly", "— not checkable here"
+    verdict: Verdict
+    numbers: dict = field(default_factory=dict, compare=False)
+    said: float | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.verdict, Verdict):
+            raise TypeError(f"Claim.verdict must be a Verdict (Verdict.of / Verdict.of_number), got {self.verdict!r}")
 
 
-def claims_table(claims: list[Claim], title: str = "The article says / we measured") -> Table:
-    """The closing table of each notebook."""
-    return table([(c.section, c.article, c.measured, c.verdict) for c in claims],
-                 ("§", "the article says", "we measured", "verdict"), title)
+def claims_table(claims: list[Claim], title: str = "The article says / we measured", rules: bool = True) -> Table:
+    """The closing table of each notebook, with the verdict rules under it."""
+    return table([(c.section, c.article, c.measured, c.verdict.value) for c in claims],
+                 ("§", "the article says", "we measured", "verdict"), title, note=RULES if rules else "")
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Several tables shown one after the other (notebook 09: the claims, one table per section)."""
+
+    tables: tuple[Table, ...]
+    links: tuple[str, ...] = ()
+
+    def __repr__(self) -> str:
+        return "\n\n".join(repr(t) for t in self.tables)
+
+    def _repr_html_(self) -> str:
+        parts = []
+        for i, t in enumerate(self.tables):
+            link = self.links[i] if i < len(self.links) else ""
+            parts.append((f"<p><a href='{html.escape(link)}'>{html.escape(link)}</a></p>" if link else "") + t._repr_html_())
+        return "".join(parts)
+
+
+def claims_by_section(claims: list[Claim]) -> Tables:
+    """One claims table per section of the article, each titled with (and linking to) the notebook that measures it."""
+    sections = list(dict.fromkeys(c.section for c in claims))
+    groups = {s: [c for c in claims if c.section == s] for s in sections}
+    tables = tuple(claims_table(group, f"§{s}: {len(group)} claim{'s' * (len(group) > 1)} — notebook "
+                                       f"{SECTION_NOTEBOOKS.get(s, '?')}", rules=s == sections[-1])
+                   for s, group in groups.items())
+    return Tables(tables, tuple(SECTION_NOTEBOOKS.get(s, "") for s in sections))

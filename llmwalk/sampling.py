@@ -1,12 +1,15 @@
 """Turning next-token logits into a token: temperature, top-k, top-p, min-p, greedy and sampling.
 
-The filters reproduce transformers' logits warpers bit for bit (same order as `generate`: temperature, top-k,
-top-p, min-p), so what a notebook plots is exactly what `model.generate(do_sample=True)` draws from. Removed
-tokens get -inf rather than disappearing, so a plot can still show what was cut.
+A `Sampler` holds the four settings, checked once when it is made. Its filters reproduce transformers' logits
+warpers bit for bit (same order as `generate`: temperature, top-k, top-p, min-p), so what a notebook plots is exactly
+what `model.generate(do_sample=True)` draws from. Removed tokens get -inf rather than disappearing, so a plot can
+still show what was cut. bf16/fp16 logits are upcast to float32 first: a softmax over 49k tokens needs the digits.
+The functions below the class (`apply_temperature`, `top_k_filter`, ..., `sample`) are one Sampler each.
 """
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -15,16 +18,8 @@ from torch import Tensor
 NEG_INF = float("-inf")
 
 
-def _check(
-    logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    *,
-    greedy_ok: bool = True,
-) -> None:
-    """Raise ValueError naming the parameter, the value received and the valid range."""
+def _checked(logits: Tensor) -> Tensor:
+    """Raise ValueError unless logits are a non-empty float tensor without NaN/+inf; upcast bf16/fp16 to float32."""
     if not isinstance(logits, Tensor) or not logits.is_floating_point():
         raise ValueError(f"logits must be a floating-point tensor, got {getattr(logits, 'dtype', type(logits))}")
     if logits.dim() == 0 or logits.numel() == 0:
@@ -32,23 +27,82 @@ def _check(
     # +inf is rejected with NaN: softmax turns it into NaN.
     if bad := int((logits.isnan() | logits.isposinf()).sum()):
         raise ValueError(f"logits must be finite or -inf, got {bad} NaN/+inf entries")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if temperature == 0 and not greedy_ok:
-        raise ValueError("temperature must be > 0 here, got 0: temperature 0 is greedy decoding, "
-                         "which has no distribution to scale or plot (use greedy())")
-    # bool is an int subclass, but top_k=True is almost certainly a bug.
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be an int >= 1, got {top_k!r}")
-    if top_p is not None and not 0 < top_p <= 1:  # chained comparisons are False for NaN
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if min_p is not None and not 0 <= min_p <= 1:
-        raise ValueError(f"min_p must be in [0, 1], got {min_p!r}")
+    return logits.float() if logits.element_size() < 4 else logits
 
 
-def apply_temperature(logits: Tensor, t: float) -> Tensor:
-    """Sharpen (t < 1) or flatten (t > 1) the distribution.  # [..., vocab] -> [..., vocab]"""
-    _check(logits, temperature=t, greedy_ok=False)
+def _is_number(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """How the next token is chosen: greedy at temperature 0, else drawn after temperature, top-k, top-p and min-p.
+
+    None switches a filter off. The settings are checked once, here, with a message naming the bad one.
+    """
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+
+    def __post_init__(self) -> None:
+        t, k, p, m = self.temperature, self.top_k, self.top_p, self.min_p
+        if not (_is_number(t) and math.isfinite(t) and t >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        # bool is an int subclass, but top_k=True is almost certainly a bug.
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1):
+            raise ValueError(f"top_k must be an int >= 1, got {k!r}")
+        if p is not None and not (_is_number(p) and 0 < p <= 1):   # chained comparisons are False for NaN
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        if m is not None and not (_is_number(m) and 0 <= m <= 1):
+            raise ValueError(f"min_p must be in [0, 1], got {m!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        """Temperature 0: always the most likely token, no random number drawn."""
+        return self.temperature == 0
+
+    def filter(self, logits: Tensor) -> Tensor:
+        """÷ temperature, then top-k, top-p, min-p: generate()'s order.  # [..., vocab] -> [..., vocab]"""
+        logits = _checked(logits)
+        if self.is_greedy:
+            raise ValueError("temperature must be > 0 here, got 0: temperature 0 is greedy decoding, "
+                             "which has no distribution to scale or plot (use greedy())")
+        logits = _divide(logits, self.temperature)
+        if self.top_k is not None:
+            logits = _top_k(logits, self.top_k)
+        if self.top_p is not None:
+            logits = _top_p(logits, self.top_p)
+        if self.min_p is not None:
+            logits = _min_p(logits, self.min_p)
+        return logits
+
+    def probs(self, logits: Tensor) -> Tensor:
+        """The distribution a token is drawn from (one-hot when greedy).  # [..., vocab] -> [..., vocab]"""
+        if self.is_greedy:
+            logits = _checked(logits)
+            return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
+        return self.filter(logits).softmax(dim=-1)
+
+    def choose(self, probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """One token id per row of `probs` (from .probs): its argmax when greedy, else a draw.  # [..., V] -> [...]"""
+        if self.is_greedy:          # no draw, so the generator is left untouched
+            return probs.argmax(dim=-1)
+        # multinomial only takes [vocab] or [batch, vocab] and keeps a trailing sample dim: flatten, then drop it.
+        ids = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
+        return ids.reshape(probs.shape[:-1])
+
+    def draw(self, logits: Tensor, generator: torch.Generator | None = None) -> Tensor:
+        """One token id per row of logits.  # [..., vocab] -> [...] int64"""
+        if self.is_greedy:          # the argmax of the logits is the one-hot's: skip building it
+            return _checked(logits).argmax(dim=-1)
+        return self.choose(self.probs(logits), generator)
+
+
+# ---------------------------------------------------------------- the filters, on checked logits
+
+def _divide(logits: Tensor, t: float) -> Tensor:
     scaled = logits / t
     if torch.isinf(scaled[torch.isfinite(logits)]).any():   # e.g. t = 1e-300: the division overflows
         raise ValueError(f"temperature {t} is too small for these logits (they overflow to infinity); "
@@ -56,16 +110,12 @@ def apply_temperature(logits: Tensor, t: float) -> Tensor:
     return scaled
 
 
-def top_k_filter(logits: Tensor, k: int) -> Tensor:
-    """Keep every logit >= the k-th largest (ties included), -inf elsewhere.  # [..., vocab] -> [..., vocab]"""
-    _check(logits, top_k=k)
+def _top_k(logits: Tensor, k: int) -> Tensor:
     kth = torch.topk(logits, min(k, logits.shape[-1]))[0][..., -1:]
     return logits.masked_fill(logits < kth, NEG_INF)
 
 
-def top_p_filter(logits: Tensor, p: float) -> Tensor:
-    """Keep the smallest top set whose mass reaches p (the crossing token too).  # [..., vocab] -> [..., vocab]"""
-    _check(logits, top_p=p)
+def _top_p(logits: Tensor, p: float) -> Tensor:
     # generate() skips the warper at p == 1; running it would also cut tokens whose probability underflows to 0.
     if p == 1:
         return logits
@@ -76,65 +126,50 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     return logits.masked_fill(remove.scatter(-1, order, remove), NEG_INF)
 
 
-def min_p_filter(logits: Tensor, p: float) -> Tensor:
-    """Keep tokens with probability >= p * (top probability).  # [..., vocab] -> [..., vocab]"""
-    _check(logits, min_p=p)
+def _min_p(logits: Tensor, p: float) -> Tensor:
     probs = logits.softmax(dim=-1)
     # p <= 1 makes p * max <= max exactly, so the top token always survives without transformers' topk re-keep.
     remove = probs < p * probs.amax(dim=-1, keepdim=True)
     return logits.masked_fill(remove, NEG_INF)
 
 
+# ---------------------------------------------------------------- one step at a time (temperature 1 divides by one)
+
+def apply_temperature(logits: Tensor, t: float) -> Tensor:
+    """Sharpen (t < 1) or flatten (t > 1) the distribution.  # [..., vocab] -> [..., vocab]"""
+    return Sampler(temperature=t).filter(logits)
+
+
+def top_k_filter(logits: Tensor, k: int) -> Tensor:
+    """Keep every logit >= the k-th largest (ties included), -inf elsewhere.  # [..., vocab] -> [..., vocab]"""
+    return Sampler(temperature=1.0, top_k=k).filter(logits)
+
+
+def top_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Keep the smallest top set whose mass reaches p (the crossing token too).  # [..., vocab] -> [..., vocab]"""
+    return Sampler(temperature=1.0, top_p=p).filter(logits)
+
+
+def min_p_filter(logits: Tensor, p: float) -> Tensor:
+    """Keep tokens with probability >= p * (top probability).  # [..., vocab] -> [..., vocab]"""
+    return Sampler(temperature=1.0, min_p=p).filter(logits)
+
+
 def greedy(logits: Tensor) -> Tensor:
     """The most likely token id.  # [..., vocab] -> [...] int64"""
-    _check(logits)
-    return logits.argmax(dim=-1)
+    return Sampler().draw(logits)
 
 
-def _filtered(
-    logits: Tensor, temperature: float, top_k: int | None, top_p: float | None, min_p: float | None
-) -> Tensor:
-    """Temperature, then top-k, top-p, min-p: generate()'s order.  # [..., vocab] -> [..., vocab]"""
-    logits = apply_temperature(logits, temperature)
-    if top_k is not None:
-        logits = top_k_filter(logits, top_k)
-    if top_p is not None:
-        logits = top_p_filter(logits, top_p)
-    if min_p is not None:
-        logits = min_p_filter(logits, min_p)
-    return logits
-
-
-def probs_after(
-    logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-) -> Tensor:
+def probs_after(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                min_p: float | None = None) -> Tensor:
     """The distribution `sample` draws from (one-hot for temperature 0).  # [..., vocab] -> [..., vocab]"""
-    _check(logits, temperature, top_k, top_p, min_p)
-    if temperature == 0:
-        return torch.nn.functional.one_hot(greedy(logits), logits.shape[-1]).to(logits.dtype)
-    return _filtered(logits, temperature, top_k, top_p, min_p).softmax(dim=-1)
+    return Sampler(temperature, top_k, top_p, min_p).probs(logits)
 
 
-def sample(
-    logits: Tensor,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    generator: torch.Generator | None = None,
-) -> Tensor:
+def sample(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+           min_p: float | None = None, generator: torch.Generator | None = None) -> Tensor:
     """Draw one token id per row.  # [..., vocab] -> [...] int64"""
-    _check(logits, temperature, top_k, top_p, min_p)
-    if temperature == 0:  # greedy: no draw, so the generator is left untouched
-        return greedy(logits)
-    probs = probs_after(logits, temperature, top_k, top_p, min_p)
-    # multinomial only takes [vocab] or [batch, vocab] and keeps a trailing sample dim: flatten, then drop it.
-    ids = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator)
-    return ids.reshape(probs.shape[:-1])
+    return Sampler(temperature, top_k, top_p, min_p).draw(logits, generator)
 
 
 @dataclass(frozen=True)
@@ -153,13 +188,14 @@ def surgery(
     logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
 ) -> list[SurgeryStep]:
     """The stages logits, ÷T, softmax, top-k, top-p (renormalized).  # [vocab] -> 5 steps"""
-    _check(logits, temperature, top_k, top_p, greedy_ok=False)
+    Sampler(temperature, top_k, top_p)      # every setting checked before any work
+    scaled = Sampler(temperature).filter(logits)
+    logits = _checked(logits)
     if logits.dim() != 1:
         raise ValueError(f"surgery takes a 1-D [vocab] logits vector, got shape {tuple(logits.shape)}")
-    scaled = apply_temperature(logits, temperature)
     base = scaled.softmax(dim=-1)
-    cut_k = scaled if top_k is None else top_k_filter(scaled, top_k)
-    cut_p = cut_k if top_p is None else top_p_filter(cut_k, top_p)
+    cut_k = scaled if top_k is None else _top_k(scaled, top_k)
+    cut_p = cut_k if top_p is None else _top_p(cut_k, top_p)
 
     def step(name: str, stage: Tensor) -> SurgeryStep:
         probs = stage.softmax(dim=-1)

@@ -15,27 +15,21 @@ vocabulary (offline: SmolLM2 quantized to int8/int4); EarlyExitDraft runs the ta
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field, replace
-from functools import partial
-from itertools import product
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor
 
-from .generate import Generation, generate, prepare
+from .generation import cut_at_eos, prepare
 from .kv_cache import KVCache
-from .quantize import quantize_model
-from .sampling import probs_after
+from .sampling import Sampler
 from .walk import forward
 from .weights import Config, count_params
 
 if TYPE_CHECKING:
     from .models import Model
-
-Dist = Callable[[Tensor], Tensor]   # logits [..., vocab] -> the distribution a token is drawn from [..., vocab]
 
 
 # ---------------------------------------------------------------- the rule
@@ -43,14 +37,6 @@ Dist = Callable[[Tensor], Tensor]   # logits [..., vocab] -> the distribution a 
 def one_hot(ids: Sequence[int], vocab_size: int) -> Tensor:
     """The distribution of a deterministic guess: all the mass on each token.  # [k] -> [k, vocab]"""
     return torch.nn.functional.one_hot(torch.as_tensor(list(ids), dtype=torch.long), vocab_size).float()
-
-
-def rollback(cache: KVCache, n: int) -> None:
-    """Keep the first n cached positions and forget the rest: only the lengths move, nothing is copied."""
-    if not 0 <= n <= cache.length:
-        raise ValueError(f"cannot roll a cache of {cache.length} positions back to {n}")
-    for layer in cache.layers:
-        layer.length = n
 
 
 def draw(weights: Tensor, generator: torch.Generator | None = None) -> int:
@@ -106,8 +92,8 @@ class Draft:
     def reset(self, target: Config, capacity: int) -> None:
         """Start a new generation of up to `capacity` tokens (prompt included) for a target of this config."""
 
-    def propose(self, context: list[int], k: int, dist: Dist, generator: torch.Generator | None) -> Proposal:
-        """Up to k tokens that might follow `context`, drawn from dist(logits) if drawn at all.  # [L] -> [<= k]"""
+    def propose(self, context: list[int], k: int, sampler: Sampler, generator: torch.Generator | None) -> Proposal:
+        """Up to k tokens that might follow `context`, drawn from sampler.probs if drawn at all.  # [L] -> [<= k]"""
         raise NotImplementedError
 
     def rollback(self, n: int) -> None:
@@ -140,7 +126,7 @@ class PromptLookupDraft(Draft):
             raise ValueError(f"ngram must be an int >= 1, got {ngram!r}")
         self.ngram = ngram
 
-    def propose(self, context: list[int], k: int, dist: Dist, generator: torch.Generator | None) -> Proposal:
+    def propose(self, context: list[int], k: int, sampler: Sampler, generator: torch.Generator | None) -> Proposal:
         return Proposal(lookup(context, self.ngram, k), None)
 
     def __repr__(self) -> str:
@@ -164,18 +150,18 @@ class ModelDraft(Draft):
                              f"{target.name} {target.vocab_size}: a draft must share the target's tokenizer")
         self.cache = KVCache.empty(self.model.config, capacity)
 
-    def propose(self, context: list[int], k: int, dist: Dist, generator: torch.Generator | None) -> Proposal:
+    def propose(self, context: list[int], k: int, sampler: Sampler, generator: torch.Generator | None) -> Proposal:
         ids, rows = [], []
         new = context[self.cache.length:]           # what the cache lacks: the kept tokens of the last round
         for _ in range(k):
             logits = forward(self.model, new, self.cache, record=False, last_only=True).logits[0]
-            rows.append(dist(logits))
+            rows.append(sampler.probs(logits))
             ids.append(draw(rows[-1], generator))
             new = ids[-1:]
         return Proposal(ids, torch.stack(rows) if rows else None, k)
 
     def rollback(self, n: int) -> None:
-        rollback(self.cache, min(n, self.cache.length))
+        self.cache.truncate(min(n, self.cache.length))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model.source})"
@@ -193,7 +179,7 @@ def early_exit_model(model: "Model", n_layers: int) -> "Model":
 
 class EarlyExitDraft(ModelDraft):
     """The target's own first N layers draft (self-speculation): no second model to store, but the middle layers'
-    top token is rarely the last layer's: quantize.compare_to_fp32(model, early_exit_model(model, n)).top1_agreement."""
+    top token is rarely the last layer's: accuracy.compare_to_fp32(model, early_exit_model(model, n)).top1_agreement."""
 
     def __init__(self, model: "Model", n_layers: int):
         super().__init__(early_exit_model(model, n_layers))
@@ -248,24 +234,24 @@ class SpeculativeResult:
         return len(self.new_ids) / self.seconds
 
 
-def _round(target: "Model", draft: Draft, ids: list[int], cache: KVCache, k: int, dist: Dist,
+def _round(target: "Model", draft: Draft, ids: list[int], cache: KVCache, k: int, sampler: Sampler,
            generator: torch.Generator | None) -> Round:
     """Draft k tokens after ids, verify them in one target pass, roll both caches back to the kept tokens."""
     tic = time.perf_counter()
-    proposal = draft.propose(ids, k, dist, generator)
+    proposal = draft.propose(ids, k, sampler, generator)
     draft_seconds = time.perf_counter() - tic
     drafted = proposal.ids
     # The cache holds every token but the last: the pass runs it and the drafted ones, k + 1 positions.
     logits = forward(target, ids[cache.length:] + drafted, cache, record=False).logits[-len(drafted) - 1:]
-    accepted, extra = verify(dist(logits), proposal.probs, drafted, generator)
-    rollback(cache, len(ids) + accepted)
+    accepted, extra = verify(sampler.probs(logits), proposal.probs, drafted, generator)
+    cache.truncate(len(ids) + accepted)
     draft.rollback(len(ids) + accepted)
     *proposed, piece = target.tokenizer.pieces(drafted + [extra])
     return Round(drafted, proposed, accepted, extra, piece, accepted == len(drafted), proposal.forward_passes,
                  draft_seconds, time.perf_counter() - tic)
 
 
-def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[int] | Tensor, k: int = 4,
+def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[int] | Tensor, *, k: int = 4,
                          max_new_tokens: int = 32, temperature: float = 0.0, top_k: int | None = None,
                          top_p: float | None = None, min_p: float | None = None, seed: int | None = None,
                          generator: torch.Generator | None = None, chat: bool = False,
@@ -278,9 +264,9 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
     tic = time.perf_counter()
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k (tokens drafted per round) must be an int >= 1, got {k!r}")
-    loop = prepare(target, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, generator, True, chat,
-                  stop_at_eos, 0, None)
-    dist = partial(probs_after, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    sampler = Sampler(temperature, top_k, top_p, min_p)
+    loop = prepare(target, prompt, max_new_tokens=max_new_tokens, sampler=sampler, seed=seed, generator=generator,
+                   chat=chat, stop_at_eos=stop_at_eos, top_n=0)
     prompt_ids, cache = loop.prompt_ids, loop.cache
     draft.reset(target.config, len(prompt_ids) + max_new_tokens)
     # Prefill all but the last prompt token (LM head on one row only): every round then feeds its last token.
@@ -291,70 +277,9 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
     new: list[int] = []
     while len(new) < max_new_tokens and not loop.eos_ids.intersection(new):
         # Never draft past max_new_tokens: the round's own token is the last one allowed.
-        rounds.append(_round(target, draft, prompt_ids + new, cache, min(k, max_new_tokens - len(new) - 1), dist,
-                             loop.generator))
+        rounds.append(_round(target, draft, prompt_ids + new, cache, min(k, max_new_tokens - len(new) - 1),
+                             sampler, loop.generator))
         new += rounds[-1].new_ids
-    new = new[:next((i + 1 for i, t in enumerate(new) if t in loop.eos_ids), len(new))]   # cut after EOS
-    stopped = "eos" if new[-1] in loop.eos_ids else "max_new_tokens"
-    text = target.tokenizer.decode(new[:-1] if stopped == "eos" else new)
+    new, text, stopped = cut_at_eos(target, new, loop.eos_ids)    # a round may have gone on past an end token
     return SpeculativeResult(prompt_ids, new, text, rounds, stopped, len(rounds) + prefill,
                              time.perf_counter() - tic)
-
-
-# ---------------------------------------------------------------- measurement
-
-# (text, chat): answers that copy their prompt (a sentence to repeat, code to edit), and one with nothing to copy.
-BENCH_PROMPTS = {
-    "repeat": ("Repeat this sentence exactly: The old lighthouse keeper climbed the narrow stairs every evening, "
-               "lit the great lamp, and watched the ships pass safely through the dark and stormy channel.", True),
-    "edit code": ("Add type hints to this function:\n\ndef scale(values, factor):\n"
-                  "    return [v * factor for v in values]\n", True),
-    "no copy": ("The history of the printing press", False),
-}
-
-
-def draft_by_name(model: "Model", name: str) -> Draft:
-    """'lookup' (prompt lookup, 3-grams), 'int8' / 'int4' (the model quantized, LM head too: a draft should be as
-    fast as it can be), 'exitN' (its first N layers)."""
-    if name == "lookup":
-        return PromptLookupDraft()
-    if name == "int8":
-        return ModelDraft(quantize_model(model, 8, embeddings=True))
-    if name == "int4":
-        return ModelDraft(quantize_model(model, 4, group_size=32, embeddings=True))
-    if name.startswith("exit") and name[4:].isdigit():
-        return EarlyExitDraft(model, int(name[4:]))
-    raise ValueError(f"unknown draft {name!r}: use lookup, int8, int4 or exitN (N layers, e.g. exit6)")
-
-
-def _timed(run: Callable[[], SpeculativeResult | Generation]) -> tuple[SpeculativeResult | Generation, float, float]:
-    """Run once: the result, then seconds of wall time and of this process's CPU time per new token."""
-    wall, cpu = time.perf_counter(), time.process_time()
-    out = run()
-    n = len(out.new_ids)
-    return out, (time.perf_counter() - wall) / n, (time.process_time() - cpu) / n
-
-
-def compare_speculative(target: "Model", drafts: dict[str, Draft], prompts: dict[str, tuple[str, bool]],
-                        ks: Sequence[int] = (1, 3, 5), temperatures: Sequence[float] = (0.0, 1.0),
-                        max_new_tokens: int = 32, repeats: int = 1, seed: int = 0) -> Iterator[dict]:
-    """Speculative vs plain (KV-cached) generation, one row per prompt, temperature, draft and k, as measured.
-
-    Speedup is plain seconds per token over speculative seconds per token, each the median of `repeats` interleaved
-    runs (sampling makes the two produce different tokens). CPU time is the steadier figure when other processes
-    share the cores: wall time then also counts the moments this process waited for one.
-    """
-    for (label, (text, chat)), t, (name, draft), k in product(prompts.items(), temperatures, drafts.items(), ks):
-        run = dict(max_new_tokens=max_new_tokens, temperature=t, seed=seed if t > 0 else None, chat=chat)
-        pairs = [(_timed(partial(speculative_generate, target, draft, text, k, **run)),
-                  _timed(partial(generate, target, text, **run))) for _ in range(repeats)]
-        spec, plain = zip(*pairs)
-        s = spec[-1][0]
-        draft_s = sum(r.draft_seconds for r in s.rounds)
-        pass_ratio = (draft_s / s.draft_forward_passes) / ((s.seconds - draft_s) / s.target_forward_passes) \
-            if s.draft_forward_passes else float("nan")
-        yield {"prompt": label, "temperature": t, "draft": name, "k": k, "tokens": len(s.new_ids),
-               "acceptance": s.acceptance_rate, "target passes/token": s.target_forward_passes / len(s.new_ids),
-               "draft passes/token": s.draft_forward_passes / len(s.new_ids), "draft pass / target pass": pass_ratio,
-               "speedup (CPU)": statistics.median(c for _, _, c in plain) / statistics.median(c for _, _, c in spec),
-               "speedup (wall)": statistics.median(w for _, w, _ in plain) / statistics.median(w for _, w, _ in spec)}

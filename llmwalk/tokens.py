@@ -4,12 +4,16 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import json
+import numbers
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 
 import jinja2
+import jinja2.ext
+import jinja2.sandbox
 
 
 class Tokenizer:
@@ -21,12 +25,14 @@ class Tokenizer:
 
     def encode(self, text: str, chat: bool = False) -> list[int]:
         """Text -> token ids (chat=True wraps the text as a user message in the model's chat template)."""
+        _check_text(text)
         if chat:
             text = self.apply_chat_template([{"role": "user", "content": text}])
         return self._encode(text)
 
     def text_ids(self, text: str) -> list[int]:
         """The ids of `text` alone, without the special tokens encode() may add (Gemma-3's <bos> in front)."""
+        _check_text(text)
         return self._encode(text, special=False)
 
     def token_id(self, text: str) -> int:
@@ -41,13 +47,17 @@ class Tokenizer:
         """Token ids -> text (invalid UTF-8 at a cut shows as U+FFFD here; use `pieces` to see bytes)."""
         return self.token_bytes_of(ids).decode("utf-8", errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for."""
+        return self._token_bytes(self._checked_id(token_id))
+
     def token_bytes_of(self, ids) -> bytes:
         """The raw bytes of a sequence of token ids."""
-        return b"".join(self.token_bytes(int(i)) for i in ids)
+        return b"".join(self.token_bytes(i) for i in ids)
 
     def pieces(self, ids) -> list[str]:
         """Each token as text; bytes that are only part of a UTF-8 character show as \\xNN, never as '�'."""
-        return [self.token_bytes(int(i)).decode("utf-8", errors="backslashreplace") for i in ids]
+        return [self.token_bytes(i).decode("utf-8", errors="backslashreplace") for i in ids]
 
     def is_fragment(self, token_id: int) -> bool:
         """True when a token's bytes are not valid UTF-8 on their own (a piece of a character)."""
@@ -61,10 +71,14 @@ class Tokenizer:
         """Render chat messages with the model's own template (a Jinja2 template shipped with the model)."""
         if not self.chat_template:
             raise ValueError(f"{self.name} has no chat template (it is a base model): call encode(text) without chat=True")
-        env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise
-        return env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **self._template_tokens())
+        try:
+            return _compiled_template(self.chat_template).render(
+                messages=messages, add_generation_prompt=add_generation_prompt, **self._template_tokens())
+        except jinja2.exceptions.SecurityError as e:
+            raise UnsafeChatTemplateError(
+                f"{self.name}'s chat template tried something a chat template may not do ({e}); the sandbox stopped "
+                "it. A template only formats messages: use a model whose template you trust, or call "
+                "encode(text) without chat=True.") from None
 
     def __len__(self) -> int:
         return self.vocab_size
@@ -79,12 +93,54 @@ class Tokenizer:
         """Text -> ids; special=False: no special tokens added around the text."""
         raise NotImplementedError
 
-    def token_bytes(self, token_id: int) -> bytes:
-        """The bytes one token stands for."""
+    def _token_bytes(self, token_id: int) -> bytes:
+        """The bytes of one token id already checked to be in [0, vocab_size)."""
         raise NotImplementedError
 
     def _template_tokens(self) -> dict:
         return {}
+
+    def _checked_id(self, token_id) -> int:
+        """An integer id inside the vocabulary, or a TypeError/ValueError naming the valid range."""
+        if hasattr(token_id, "ndim") and token_id.ndim == 0:            # a 0-d torch tensor or numpy scalar
+            token_id = token_id.item()
+        if isinstance(token_id, bool) or not isinstance(token_id, numbers.Integral):
+            raise TypeError(f"token ids are integers, got {token_id!r} ({type(token_id).__name__}): "
+                            "pass the ids encode() returned")
+        if not 0 <= token_id < self.vocab_size:
+            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.vocab_size}) of {self.name}")
+        return int(token_id)
+
+
+class UnsafeChatTemplateError(ValueError):
+    """A chat template tried to reach Python internals (e.g. to run a shell command); the sandbox refused."""
+
+
+def _check_text(text) -> None:
+    if not isinstance(text, str):
+        fix = " decode it first: text.decode('utf-8')" if isinstance(text, (bytes, bytearray)) else " pass a str"
+        raise TypeError(f"the prompt must be a str, got {type(text).__name__}:{fix}")
+
+
+@lru_cache(maxsize=8)
+def _compiled_template(template: str) -> jinja2.Template:
+    """A chat template compiled in Jinja's immutable sandbox, with the helpers transformers gives templates.
+
+    A template comes with the model (GGUF metadata, tokenizer_config.json), so it is untrusted: the sandbox refuses
+    attribute access into Python internals and mutation of its inputs. trim_blocks/lstrip_blocks, the loop controls
+    (break/continue), `raise_exception`, `strftime_now` and an unescaped `tojson` match transformers'
+    `_compile_jinja_template`, so templates render character for character as there.
+    """
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise(message):
@@ -115,7 +171,7 @@ class TiktokenTokenizer(Tokenizer):
     def _encode(self, text: str, special: bool = True) -> list[int]:
         return self.encoding.encode(text, allowed_special="all")     # tiktoken adds no special token of its own
 
-    def token_bytes(self, token_id: int) -> bytes:
+    def _token_bytes(self, token_id: int) -> bytes:
         return self.encoding.decode_single_token_bytes(token_id)
 
 
@@ -198,10 +254,8 @@ class HFTokenizer(Tokenizer):
             ids = ids[1:]
         return ids
 
-    def token_bytes(self, token_id: int) -> bytes:
+    def _token_bytes(self, token_id: int) -> bytes:
         piece = self.backend.id_to_token(token_id)
-        if piece is None:
-            raise ValueError(f"token id {token_id} is outside the vocabulary [0, {self.vocab_size})")
         if piece in self._special:
             return piece.encode("utf-8")
         if self._byte_level:

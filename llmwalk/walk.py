@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -12,6 +13,7 @@ from .embedding import position_embedding, rope_angles, token_embedding
 from .head import lm_head
 from .kv_cache import KVCache
 from .layers import BlockOut, block_forward, causal_mask, norm
+from .weights import Config
 
 if TYPE_CHECKING:
     from .models import Model
@@ -31,20 +33,26 @@ class Trace:
     logits: Tensor                  # [T, vocab] ([1, vocab] with last_only)
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
 
-    @property
+    def _recorded(self, what: str) -> list[BlockOut]:
+        if not self.layers:
+            raise ValueError(f"trace.{what} needs the per-layer intermediates, and this trace was run with "
+                             "record=False: run lw.forward(model, ids) (record=True) to keep them")
+        return self.layers
+
+    @cached_property
     def resid(self) -> Tensor:
         """Residual stream before layer 0 and after every layer.  # [n_layer + 1, T, d_model]"""
-        return torch.stack([self.x0] + [b.resid_post for b in self.layers])
+        return torch.stack([self.x0] + [b.resid_post for b in self._recorded("resid")])
 
-    @property
+    @cached_property
     def attn(self) -> Tensor:
         """Attention weights of every layer and head.  # [n_layer, n_head, T, S]"""
-        return torch.stack([b.attn.weights for b in self.layers])
+        return torch.stack([b.attn.weights for b in self._recorded("attn")])
 
-    @property
+    @cached_property
     def ffn_hidden(self) -> Tensor:
         """FFN activations (after the nonlinearity/gate).  # [n_layer, T, d_ff]"""
-        return torch.stack([b.ffn_hidden for b in self.layers])
+        return torch.stack([b.ffn_hidden for b in self._recorded("ffn_hidden")])
 
     @property
     def probs(self) -> Tensor:
@@ -54,9 +62,23 @@ class Trace:
 
 def check_ids(ids: Sequence[int] | Tensor, vocab_size: int, context_length: int, already: int = 0) -> Tensor:
     """Validate token ids and return them as an int64 tensor.  # [T]"""
-    ids = torch.as_tensor(ids, dtype=torch.long).flatten()
+    kind = type(ids).__name__
+    try:
+        ids = None if isinstance(ids, (str, bytes, bytearray)) else torch.as_tensor(ids)
+    except (TypeError, ValueError, RuntimeError):
+        ids = None
+    if ids is None or ids.dtype == torch.bool:
+        raise TypeError(f"token ids must be a list of ints or an int tensor, got {kind}: "
+                        "encode text first, e.g. model.tokenizer.encode('Hello')")
     if ids.numel() == 0:
         raise ValueError("empty token list: encode some text first, e.g. model.tokenizer.encode('Hello')")
+    if ids.is_floating_point() or ids.is_complex():     # torch.as_tensor(..., dtype=long) would truncate 1.7 to 1
+        raise TypeError(f"token ids must be integers, got {ids.dtype} values such as {ids.flatten()[0].item()!r}: "
+                        "convert them with .long() or int() if they really are ids")
+    if ids.dim() > 1:
+        raise ValueError(f"token ids must be one sequence [T], got shape {tuple(ids.shape)}: llmwalk runs one "
+                         "prompt at a time; pass one row, e.g. ids[0]")
+    ids = ids.long().reshape(-1)      # a single id (0-d) is a sequence of one
     bad = ids[(ids < 0) | (ids >= vocab_size)]
     if bad.numel():
         raise ValueError(f"token id {int(bad[0])} is outside the vocabulary [0, {vocab_size}): "
@@ -67,20 +89,56 @@ def check_ids(ids: Sequence[int] | Tensor, vocab_size: int, context_length: int,
     return ids
 
 
+RECORD_BUDGET = 2 * 2**30   # bytes a recorded trace may take by default: a laptop keeps working
+
+
+def record_bytes(config: Config, t: int, s: int | None = None, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes that forward(record=True) keeps for t new tokens attending to s positions (s = t without a cache).
+
+    Per layer (BlockOut): the T×S attention weights of every head (the part that grows with the square of the
+    length), q, k, v and each head's mix, six [T, d_model] vectors and the FFN's [T, d_ff] activations.
+    """
+    s = t if s is None else s
+    h, kv, dh, d = config.n_head, config.n_kv_head, config.d_head, config.d_model
+    per_layer = h * t * s + 2 * h * t * dh + 2 * kv * s * dh + 6 * t * d + t * config.d_ff
+    return config.n_layer * per_layer * torch.finfo(dtype).bits // 8
+
+
+def _check_budget(config: Config, t: int, s: int, dtype: torch.dtype, budget: int | None) -> None:
+    """Refuse a recorded pass that would keep more than `budget` bytes, before computing anything."""
+    need = record_bytes(config, t, s, dtype)
+    if budget is None or need <= budget:
+        return
+    fits = next(n for n in range(t, 0, -1) if record_bytes(config, n, n, dtype) <= budget) if s == t else None
+    shorter = f"a prompt of at most {fits} tokens, " if fits else ""
+    raise ValueError(f"recording every layer's intermediates for {t} tokens would keep {need / 2**30:.1f} GB "
+                     f"(the {s}×{s} attention weights of {config.n_layer} layers × {config.n_head} heads), more "
+                     f"than max_record_bytes={budget / 2**30:.1f} GB: pass record=False to keep only the logits, "
+                     f"use {shorter}or raise max_record_bytes (None: no limit) if the machine has the memory")
+
+
 @torch.inference_mode()
 def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None = None,
-            record: bool = True, last_only: bool = False, head: Tensor | None = None) -> Trace:
+            record: bool = True, last_only: bool = False, head: Tensor | None = None, *,
+            hooks: Mapping[str, Callable[[Tensor], Tensor]] | None = None,
+            max_record_bytes: int | None = RECORD_BUDGET) -> Trace:
     """Run token ids through the whole model.  # [T] -> Trace (logits [T, vocab])
 
     With a `cache`, `ids` are the new positions only: they attend to the cached ones, and the cache grows.
-    record=False keeps no per-layer intermediates (for fast generation); last_only computes logits for the
-    last position only. `head` replaces weights.output in the LM head: the same [vocab, d_model] numbers
+    record=False keeps no per-layer intermediates (for fast generation) and so runs layers.attention_fast,
+    which never stores the attention weights; last_only computes logits for the last position only. `head` replaces weights.output in the LM head: the same [vocab, d_model] numbers
     stored in another memory order (generate.decoding_head).
+    `hooks` maps a hook point "blocks.{i}.{point}" (see layers.block_forward) to a function that returns the
+    activation to use instead: the model then runs on (and the trace records) what the hook returned.
+    A recorded pass that would keep more than `max_record_bytes` (record_bytes) is refused before it starts.
     """
     config, w = model.config, model.weights
     start = cache.length if cache is not None else 0
     ids = check_ids(ids, config.vocab_size, config.context_length, start)
     t = ids.numel()
+    if record:
+        _check_budget(config, t, start + t, w.token_embd.dtype, max_record_bytes)
+    layer_hooks = _layer_hooks(hooks or {}, config.n_layer)
     positions = torch.arange(start, start + t)
     seconds: dict[str, float] = {}
 
@@ -101,7 +159,7 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     for i, block in enumerate(w.blocks):
         tic = time.perf_counter()
         out = block_forward(x, block, config, masks[config.window(i)], ropes.get(config.theta(i)),
-                            cache.layers[i] if cache is not None else None)
+                            cache.layers[i] if cache is not None else None, layer_hooks[i], fast=not record)
         x = out.resid_post
         if record:
             layers.append(out)
@@ -114,3 +172,19 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     logits = lm_head(final, w.output if head is None else head)
     seconds["lm head"] = time.perf_counter() - tic
     return Trace(ids, positions, tok, pos, x0, layers, final, logits, seconds)
+
+
+HOOK_POINTS = ("resid_pre", "attn.z", "attn_out", "ffn_out", "resid_post")
+
+
+def _layer_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]], n_layer: int) -> list:
+    """One (point, activation) -> activation function per layer from {"blocks.{i}.{point}": fn}; None where unhooked."""
+    per_layer: list[dict] = [{} for _ in range(n_layer)]
+    for name, fn in hooks.items():
+        parts = name.split(".", 2)
+        if len(parts) != 3 or parts[0] != "blocks" or not parts[1].isdigit() or int(parts[1]) >= n_layer \
+                or parts[2] not in HOOK_POINTS:
+            raise ValueError(f"unknown hook point {name!r}: use 'blocks.{{i}}.{{point}}' with 0 <= i < {n_layer} "
+                             f"and point one of {', '.join(HOOK_POINTS)}")
+        per_layer[int(parts[1])][parts[2]] = fn
+    return [(lambda point, a, h=h: h[point](a) if point in h else a) if h else None for h in per_layer]

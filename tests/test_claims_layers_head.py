@@ -7,11 +7,12 @@ import pytest
 import torch
 
 import llmwalk as lw
+from llmwalk import analysis
 from llmwalk.claims import layers, lm_head
+from llmwalk.report import Verdict
 from markers import needs_gemma
 
-VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
-HOLDS, DIFFERS, ROUGHLY, UNCHECKABLE = "✓ holds", "✗ differs", "≈ roughly", "— not checkable here"
+HOLDS, DIFFERS, ROUGHLY, UNCHECKABLE = Verdict.HOLDS, Verdict.DIFFERS, Verdict.ROUGHLY, Verdict.UNCHECKABLE
 
 
 def hf_forward(hf_model, ids, **kw):
@@ -32,10 +33,10 @@ def layer_rows(smollm2, trace):
 
 
 def test_one_row_per_claim_of_section_4(layer_rows):
-    # structure, shared structure/own parameters, causal mask, FFN width, refinement, norm, residual
-    assert len(layer_rows) == 7
-    assert all(isinstance(c, lw.Claim) and c.section == "四" and c.verdict in VERDICTS for c in layer_rows)
-    assert len({c.article for c in layer_rows}) == 7
+    # structure, shared structure/own parameters, causal mask, FFN width, refinement, norm, residual, FFN knowledge
+    assert len(layer_rows) == 8
+    assert all(isinstance(c, lw.Claim) and c.section == "四" for c in layer_rows)
+    assert len({c.article for c in layer_rows}) == 8
 
 
 def test_claims_without_a_trace_are_the_same(smollm2, layer_rows):
@@ -49,7 +50,7 @@ def test_claims_leave_the_trace_and_weights_alone(smollm2, trace):
 
 
 def test_article_recipe_reproduces_smollm2_and_misses_gemma(smollm2, trace, layer_rows):
-    assert layers.article_layers_gap(smollm2, trace) < layers.SAME
+    assert analysis.article_layers_gap(smollm2, trace) < layers.SAME
     assert "max |Δ| vs the model = " in layer_rows[0].measured and "RMSNorm" in layer_rows[0].measured
     assert layer_rows[0].verdict == ROUGHLY                           # the recipe holds, the norm is RMSNorm
 
@@ -57,7 +58,7 @@ def test_article_recipe_reproduces_smollm2_and_misses_gemma(smollm2, trace, laye
 @needs_gemma
 def test_article_recipe_misses_gemmas_sandwich_norms(gemma):
     g_trace = lw.forward(gemma, gemma.tokenizer.encode(layers.PROMPT))
-    gap = layers.article_layers_gap(gemma, g_trace)
+    gap = analysis.article_layers_gap(gemma, g_trace)
     assert gap > 1.0                                                 # the extra norms are not in the article's recipe
     assert layers.structure_verdict(gap, gemma.config) == ROUGHLY
 
@@ -75,7 +76,7 @@ def test_layers_differ_pairwise_like_an_independent_count(smollm2, layer_rows):
     rel = np.linalg.norm(q[:, None] - q[None], axis=-1) / np.linalg.norm(q, axis=-1)[:, None]
     np.fill_diagonal(rel, np.inf)
     i, j = np.unravel_index(rel.argmin(), rel.shape)
-    got = layers.closest_layers(smollm2)
+    got = analysis.closest_layers(smollm2)
     assert (got[0], got[1]) == (min(i, j), max(i, j)) and got[2] == pytest.approx(rel.min(), rel=1e-4)
     block = smollm2.weights.blocks[0]
     params = sum(getattr(block, f).weight.numel() for f in ("attn_norm", "attn_q", "attn_k", "attn_v",
@@ -91,7 +92,7 @@ def test_causal_mask_against_transformers(smollm2, hf_smollm2, trace, layer_rows
     prefix = hf_forward(hf_smollm2, ids[:-1], output_hidden_states=True)
     for a, b in zip(full.hidden_states[:-1], prefix.hidden_states[:-1]):   # the last one is after the final norm
         assert (a[0, :-1] - b[0]).abs().max() < 1e-4                # earlier positions ignore the last token
-    future, moved = layers.future_check(smollm2, trace)
+    future, moved = analysis.future_check(smollm2, trace)
     assert future == 0 and moved < layers.SAME
     assert float(trace.attn[..., torch.triu(torch.ones(5, 5, dtype=torch.bool), 1)].abs().max()) == 0
     assert layer_rows[2].verdict == HOLDS
@@ -113,7 +114,7 @@ def test_logit_lens_ranks_match_transformers(smollm2, hf_smollm2, trace, layer_r
         lens = [hf_smollm2.lm_head(hf_smollm2.model.norm(h[0, -1])) for h in hs[:-1]]
     lens.append(out.logits[0, -1])
     ref_rank = [int((l > l[paris]).sum()) + 1 for l in lens]
-    path = layers.lens_path(smollm2, trace, paris)
+    path = analysis.lens_path(smollm2, trace, paris)
     # ranks far down the list can swap with tokens whose logits tie to 1e-5; the top of the list must agree exactly
     assert [r for r in path["rank"] if r <= 100] == [r for r in ref_rank if r <= 100]
     assert np.allclose(path["rank"], ref_rank, rtol=0.01)
@@ -138,7 +139,7 @@ def test_norm_and_residual_numbers_are_independent_computations(smollm2, trace, 
     before = np.median(rms[:-1], axis=1)
     w = np.stack([b.attn_norm.weight.double().numpy() for b in smollm2.weights.blocks])
     after = np.median(np.sqrt(((r[:-1] / rms[:-1, :, None] * w[:, None]) ** 2).mean(-1)), axis=1)
-    s = layers.norm_spread(trace)
+    s = analysis.norm_spread(trace)
     assert s["before_ratio"] == pytest.approx(before.max() / before.min(), rel=1e-4)
     assert s["after_ratio"] == pytest.approx(after.max() / after.min(), rel=1e-3)
     assert f"(×{before.max() / before.min():.0f})" in layer_rows[5].measured
@@ -146,7 +147,7 @@ def test_norm_and_residual_numbers_are_independent_computations(smollm2, trace, 
     assert layers.norm_verdict({"before_ratio": 5.0, "after_ratio": 1.0}) == DIFFERS
 
     cos = (r[:-1] * r[1:]).sum(-1) / np.linalg.norm(r[:-1], axis=-1) / np.linalg.norm(r[1:], axis=-1)
-    st = layers.residual_steps(trace)
+    st = analysis.residual_steps(trace)
     assert st["median_cos"] == pytest.approx(float(torch.tensor(np.median(cos, axis=1)).median()), abs=1e-5)
     assert f"median cosine of {st['median_cos']:.3f}" in layer_rows[6].measured
     assert layer_rows[6].verdict == layers.residual_verdict(st) == ROUGHLY       # per layer small, x0 fades
@@ -170,7 +171,7 @@ def head_rows(smollm2):
 def test_one_row_per_claim_of_section_5(head_rows):
     # sizes, linear layer + softmax, tied Wᵀ, P(巴)/P(北) on the model, Gemma (not given), training-data cause
     assert len(head_rows) == 6
-    assert all(isinstance(c, lw.Claim) and c.section == "五" and c.verdict in VERDICTS for c in head_rows)
+    assert all(isinstance(c, lw.Claim) and c.section == "五" for c in head_rows)
     assert [c.verdict for c in head_rows].count(UNCHECKABLE) == 2     # no Gemma passed; no training corpus
 
 
@@ -196,13 +197,15 @@ def test_paris_probability_matches_transformers(smollm2, hf_smollm2, head_rows):
 def test_tied_row(smollm2, hf_smollm2, head_rows):
     assert hf_smollm2.lm_head.weight.data_ptr() == hf_smollm2.model.embed_tokens.weight.data_ptr()
     saved = 49152 * 576
-    assert f"saves {saved / 1e6:.1f} M parameters ({saved / 134_515_008:.0%} of the model)" in head_rows[2].measured
+    total = lw.count_params(smollm2.weights)
+    assert f"saves {saved / 1e6:.1f} M parameters ({saved / total:.0%} of the model)" in head_rows[2].measured
+    assert head_rows[2].numbers == {"tied": True}
     assert head_rows[2].verdict == HOLDS
 
 
 def test_word_probabilities_are_chain_products_like_transformers(smollm2, hf_smollm2, head_rows):
     question = smollm2.tokenizer.encode(lm_head.QUESTION, chat=True)
-    probs, stats = lm_head.word_probs(smollm2, question, ["巴黎", "巴", "北京", "北"])
+    probs, stats = analysis.word_probs(smollm2, question, ["巴黎", "巴", "北京", "北"])
     for word, s in stats.items():
         pieces = smollm2.tokenizer.encode(word)
         out = torch.softmax(hf_forward(hf_smollm2, question + pieces[:-1]).logits[0, len(question) - 1:], -1)
@@ -221,7 +224,9 @@ def test_paris_verdict_follows_the_numbers():
     def stats(rank_paris, p_paris, p_beijing):
         return {"巴黎": {"rank": rank_paris, "p": p_paris}, "巴": {"rank": 500, "p": 0.0},
                 "北京": {"rank": 9, "p": p_beijing}, "北": {"rank": 900, "p": 0.0}}
-    assert lm_head.paris_verdict(stats(1, 0.8, 0.01)) == HOLDS
+    assert lm_head.paris_verdict(stats(1, 0.042, 0.018)) == HOLDS     # first, and the article's numbers
+    assert lm_head.paris_verdict(stats(1, 0.045, 0.017)) == HOLDS     # each within 10 %
+    assert lm_head.paris_verdict(stats(1, 0.778, 0.001)) == ROUGHLY   # first, by far more than the article says
     assert lm_head.paris_verdict(stats(3, 0.05, 0.01)) == ROUGHLY
     assert lm_head.paris_verdict(stats(3, 0.05, 0.06)) == DIFFERS
     assert lm_head.paris_verdict(stats(20, 0.05, 0.01)) == DIFFERS
@@ -238,7 +243,10 @@ def test_gemma_rows_match_transformers(smollm2, gemma, hf_gemma):
         rank = int((p > p[paris]).sum()) + 1
         assert repr(text) in row.article
         assert f"P(巴黎) = {float(p[paris]):.3g}, rank {rank:,}" in row.measured
-    assert [r.verdict for r in rows[4:7]] == [DIFFERS, ROUGHLY, HOLDS]
+    # after the question Gemma restates it (✗); 巴黎 is near the top after the bare sentence start, and first after
+    # its own restatement — but with P(巴黎) far above the article's 0.042 (≈: the point holds, the number not)
+    assert [r.verdict for r in rows[4:7]] == [DIFFERS, ROUGHLY, ROUGHLY]
+    assert rows[6].numbers["巴黎"]["rank"] == 1 and rows[6].numbers["巴黎"]["p"] > 2 * lm_head.ARTICLE_P["巴"]
 
 
 @needs_gemma
@@ -255,6 +263,6 @@ def test_gemma_begins_its_answer_as_the_claims_assume(gemma):
 def test_next_character_probability_sums_every_token_that_starts_with_it(gemma):
     vocab = gemma.tokenizer.backend.get_vocab()                      # the tokenizer's own table, piece → id
     ba = sorted(i for piece, i in vocab.items() if piece.replace("▁", " ").startswith("巴"))
-    assert lm_head.tokens_starting_with(gemma.tokenizer, "巴") == ba and len(ba) >= 2
+    assert analysis.tokens_starting_with(gemma.tokenizer, "巴") == ba and len(ba) >= 2
     probs = torch.softmax(torch.randn(gemma.config.vocab_size, generator=torch.Generator().manual_seed(0)), -1)
-    assert lm_head.next_char_prob(gemma.tokenizer, probs, "巴") == pytest.approx(float(probs[ba].sum()))
+    assert analysis.next_char_prob(gemma.tokenizer, probs, "巴") == pytest.approx(float(probs[ba].sum()))

@@ -7,14 +7,15 @@ import pytest
 import torch
 
 import llmwalk as lw
+from llmwalk import analysis
 from llmwalk import cost
 from llmwalk.claims import autoregressive as ar
 from llmwalk.claims import sampling as sm
-from llmwalk.generate import Generation, Step, generate
+from llmwalk.generation import Generation, Step, generate
 
 from markers import needs_gemma
 
-VERDICTS = {"✓ holds", "✗ differs", "≈ roughly", "— not checkable here"}
+from llmwalk.report import Verdict
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
@@ -22,7 +23,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 @pytest.fixture(scope="module")
 def runs(smollm2):
-    return sm.temperature_study(smollm2)
+    return analysis.temperature_study(smollm2, sm.CHAT_PROMPT, temperatures=sm.TEMPERATURES, seeds=sm.SEEDS,
+                                      max_new_tokens=sm.STUDY_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +53,14 @@ def np_probs(logits: torch.Tensor) -> np.ndarray:
 def test_sampling_claims_one_row_per_claim(sampling_rows):
     assert len(sampling_rows) == 7
     assert {c.section for c in sampling_rows.values()} == {"六"}
-    assert {c.verdict for c in sampling_rows.values()} <= VERDICTS
+    assert all(isinstance(c.verdict, Verdict) for c in sampling_rows.values())
     assert all(c.measured for c in sampling_rows.values())
 
 
 def test_loop_claims_one_row_per_claim(loop_rows):
     assert len(loop_rows) == 5
     assert {c.section for c in loop_rows.values()} == {"七"}
-    assert {c.verdict for c in loop_rows.values()} <= VERDICTS
+    assert all(isinstance(c.verdict, Verdict) for c in loop_rows.values())
 
 
 def test_claims_table_renders(sampling_rows, loop_rows):
@@ -87,7 +89,7 @@ def test_find_loop_equals_brute_force(min_repeats):
         head = [rng.randrange(4) for _ in range(rng.randrange(0, 8))]
         period = [rng.randrange(4) for _ in range(rng.randrange(1, 5))]
         ids = head + period * rng.randrange(0, 6) + period[:rng.randrange(len(period) + 1)]
-        found = sm.find_loop(ids, min_repeats)
+        found = analysis.find_loop(ids, min_repeats)
         expected = brute_loop(ids, min_repeats)
         assert (None if found is None else (found.start, found.period)) == expected, ids
         if found:
@@ -96,32 +98,32 @@ def test_find_loop_equals_brute_force(min_repeats):
 
 
 def test_find_loop_examples():
-    assert sm.find_loop([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]) == sm.Loop(1, 3, 10 / 3, (1, 2, 3))
-    assert sm.find_loop([1, 2, 3, 4, 5, 6]) is None
-    assert sm.find_loop([]) is None
+    assert analysis.find_loop([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]) == analysis.Loop(1, 3, 10 / 3, (1, 2, 3))
+    assert analysis.find_loop([1, 2, 3, 4, 5, 6]) is None
+    assert analysis.find_loop([]) is None
 
 
 def test_distinct_n():
-    assert sm.distinct_n([[1, 2, 3], [1, 2, 3]], 2) == 0.5
-    assert sm.distinct_n([[1, 2, 3, 4]], 2) == 1.0
-    assert sm.distinct_n([[1, 1, 1, 1]], 1) == 0.25
-    assert math.isnan(sm.distinct_n([[1]], 2))
+    assert analysis.distinct_n([[1, 2, 3], [1, 2, 3]], 2) == 0.5
+    assert analysis.distinct_n([[1, 2, 3, 4]], 2) == 1.0
+    assert analysis.distinct_n([[1, 1, 1, 1]], 1) == 0.25
+    assert math.isnan(analysis.distinct_n([[1]], 2))
 
 
 def test_token_logprobs_equal_the_sampled_probabilities(smollm2):
     # At T = 1 with no cuts, generate's Step.prob is the plain model's probability of the drawn token.
     g = generate(smollm2, "Once upon a time", 8, temperature=1.0, seed=3, stop_at_eos=False)
-    lp = sm.token_logprobs(smollm2, g.prompt_ids, g.new_ids)
+    lp = analysis.token_logprobs(smollm2, g.prompt_ids, g.new_ids)
     assert lp.exp().tolist() == pytest.approx([s.prob for s in g.steps], rel=1e-4)
 
 
 def test_entropy_and_kept_against_numpy(smollm2):
-    logits = sm.next_token_logits(smollm2, sm.WIDE)
+    logits = analysis.next_token_logits(smollm2, sm.WIDE)
     for t in (0.5, 1.0, 2.0):
         p = np_probs(logits / t)
-        assert sm.entropy(logits, t) == pytest.approx(float(-(p[p > 0] * np.log(p[p > 0])).sum()), rel=1e-4)
-    assert sm.kept(logits, top_k=7) == 7
-    assert sm.kept(logits) == int((np_probs(logits) > 0).sum())
+        assert analysis.entropy(logits, t) == pytest.approx(float(-(p[p > 0] * np.log(p[p > 0])).sum()), rel=1e-4)
+    assert analysis.kept(logits, top_k=7) == 7
+    assert analysis.kept(logits) == int((np_probs(logits) > 0).sum())
 
 
 def test_library_defaults_mean_greedy():
@@ -138,40 +140,41 @@ def test_temperature_study_is_reproducible(smollm2, runs):
     r = runs[-1]                                   # the hottest run, regenerated independently
     g = generate(smollm2, sm.CHAT_PROMPT, sm.STUDY_TOKENS, temperature=r.temperature, seed=r.seed, chat=True)
     assert tuple(g.new_ids) == r.new_ids and g.text == r.text
-    assert r.mean_logprob == pytest.approx(float(sm.token_logprobs(smollm2, g.prompt_ids, g.new_ids).mean()))
+    assert r.mean_logprob == pytest.approx(float(analysis.token_logprobs(smollm2, g.prompt_ids, g.new_ids).mean()))
 
 
 def test_greedy_rows(smollm2, runs, sampling_rows):
     greedy = {r.new_ids for r in runs if r.temperature == 0}
     c = row(sampling_rows, "Greedy: pick")
-    assert c.verdict == ("✓ holds" if len(greedy) == 1 else "✗ differs")
+    assert len(greedy) == 1 and c.numbers == {"identical": True} and c.verdict is Verdict.HOLDS
     ids = generate(smollm2, sm.LOOP_PROMPT, sm.LOOP_TOKENS, stop_at_eos=False).new_ids
     start, period = brute_loop(ids, 3)
     c = row(sampling_rows, "Greedy easily")
-    assert f"from new token {start + 1} on, the {period} tokens" in c.measured
-    assert c.verdict == "✓ holds"
+    assert (c.numbers["loop"].start, c.numbers["loop"].period) == (start, period)
+    assert c.verdict is Verdict.HOLDS
 
 
 def test_temperature_row(smollm2, sampling_rows):
-    logits = sm.next_token_logits(smollm2, sm.NARROW)
+    logits = analysis.next_token_logits(smollm2, sm.NARROW)
     h = []
     for t in (0.5, 1.0, 2.0):
         p = np_probs(logits / t)
         h.append(float(-(p[p > 0] * np.log(p[p > 0])).sum()))
     c = row(sampling_rows, "Temperature divides")
-    for x, t in zip(h, (0.5, 1.0, 2.0)):
-        assert f"{x:.3g} (T = {t:g})" in c.measured
-    assert c.verdict == ("✓ holds" if h[0] < h[1] < h[2] else "✗ differs")
+    assert c.numbers["entropy"] == pytest.approx(dict(zip((0.5, 1.0, 2.0), h)), rel=1e-4)
+    assert h[0] < h[1] < h[2] and c.numbers["plain"] and c.verdict is Verdict.HOLDS
 
 
 def test_chat_temperature_row(runs, sampling_rows):
     c = row(sampling_rows, "Chat usually")
     warm = [t for t in sm.TEMPERATURES if t > 0]
-    d2 = {t: sm.distinct_n([r.new_ids for r in runs if r.temperature == t], 2) for t in sm.TEMPERATURES}
+    d2 = {t: analysis.distinct_n([r.new_ids for r in runs if r.temperature == t], 2) for t in sm.TEMPERATURES}
     lp = {t: np.mean([r.mean_logprob for r in runs if r.temperature == t]) for t in sm.TEMPERATURES}
-    assert "distinct-2 " + ", ".join(f"{d2[t]:.3g}" for t in sm.TEMPERATURES) in c.measured
+    assert {t: s["distinct_2"] for t, s in c.numbers["summary"].items()} == d2
+    assert {t: s["mean_logprob"] for t, s in c.numbers["summary"].items()} == pytest.approx(lp)
     trade_off = all(d2[a] <= d2[b] and lp[a] >= lp[b] for a, b in zip(warm, warm[1:]))
-    assert c.verdict == ("≈ roughly" if trade_off else "✗ differs")
+    # the sweet spot T ≈ 0.7–1.0 is a choice, never measured: at best the point (variety costs naturalness) holds
+    assert c.verdict is (Verdict.ROUGHLY if trade_off else Verdict.DIFFERS)
 
 
 def nucleus_size(logits, p):
@@ -180,33 +183,35 @@ def nucleus_size(logits, p):
 
 
 def test_top_k_and_top_p_rows(smollm2, sampling_rows):
-    narrow, wide = (sm.next_token_logits(smollm2, t) for t in (sm.NARROW, sm.WIDE))
+    narrow, wide = (analysis.next_token_logits(smollm2, t) for t in (sm.NARROW, sm.WIDE))
     sizes = [nucleus_size(x, sm.TOP_P) for x in (narrow, wide)]
     c = row(sampling_rows, "Top-P")
-    assert f"keeps {sizes[0]} tokens for '{sm.NARROW}', {sizes[1]} for '{sm.WIDE}'" in c.measured
-    assert c.verdict == ("✓ holds" if sizes[0] < sizes[1] else "✗ differs")
+    assert c.numbers == {"kept": sizes, "minimal": True}
+    assert sizes[0] < sizes[1] and c.verdict is Verdict.HOLDS
     tail = [1 - np.sort(np_probs(x))[::-1][:sm.TOP_K].sum() for x in (narrow, wide)]
     c = row(sampling_rows, "Top-K")
-    assert f"p = {tail[0]:.3g}" in c.measured and f"or {tail[1]:.3g}" in c.measured
-    assert f"keeps {sm.TOP_K} tokens, exactly" in c.measured and c.verdict == "✓ holds"
+    assert c.numbers["tail"] == pytest.approx(tail, abs=1e-5) and c.numbers["kept"] == sm.TOP_K   # float32 sums
+    assert c.verdict is Verdict.HOLDS
 
 
 def test_default_row(sampling_rows):
     c = row(sampling_rows, "GPT models")
     d = sm.library_defaults()
     assert f"do_sample={d['do_sample']}" in c.measured
-    assert c.verdict == ("≈ roughly" if d["do_sample"] and d["top_p"] < 1 else "— not checkable here")
+    assert c.numbers == d
+    # transformers samples only when asked (do_sample=False): OpenAI's defaults are not measurable offline
+    assert d["do_sample"] in (False, None) and c.verdict is Verdict.UNCHECKABLE
 
 
 # ---------------------------------------------------------------- section 七: numbers and verdicts
 
 def test_recorded_passes_see_every_round_and_restore_forward(smollm2):
     import importlib
-    module = importlib.import_module("llmwalk.generate")
+    module = importlib.import_module("llmwalk.generation")
     real = module.forward
-    with ar.recorded_passes() as rerun:
+    with analysis.recorded_passes() as rerun:
         g = generate(smollm2, "Hello there", 5, kv_cache=False, stop_at_eos=False)
-    with ar.recorded_passes() as cached:
+    with analysis.recorded_passes() as cached:
         with pytest.raises(ValueError):
             generate(smollm2, "Hello there", 0)
         generate(smollm2, "Hello there", 5, stop_at_eos=False)
@@ -220,14 +225,14 @@ def test_recorded_passes_see_every_round_and_restore_forward(smollm2):
 
 def test_round_flops_add_up_to_generation_flops(smollm2):
     for kv in (True, False):
-        rounds = ar.round_flops(smollm2.config, 44, 50, kv_cache=kv)
+        rounds = cost.round_flops(smollm2.config, 44, 50, kv_cache=kv)
         assert len(rounds) == 50
         assert sum(rounds) == cost.generation_flops(smollm2.config, 44, 50, kv_cache=kv)
 
 
 def test_round_flops_match_torch_flop_counter(smollm2):
     ids = smollm2.tokenizer.encode("The capital of France is")
-    rerun = ar.round_flops(smollm2.config, len(ids), 1, kv_cache=False)[0]
+    rerun = cost.round_flops(smollm2.config, len(ids), 1, kv_cache=False)[0]
     norms = cost.flops_by_stage(smollm2.config, len(ids), last_only=True)["norms"]
     assert cost.measured_flops(smollm2, ids, last_only=True) == rerun - norms
 
@@ -236,7 +241,7 @@ def test_first_rounds_equal_a_shorter_run(smollm2):
     long = generate(smollm2, ar.ENGLISH, 12, chat=True, stop_at_eos=False)
     for n in (3, 12):
         short = generate(smollm2, ar.ENGLISH, n, chat=True)
-        cut = ar.first_rounds(smollm2, long, n)
+        cut = analysis.first_rounds(smollm2, long, n)
         assert (cut.new_ids, cut.text, cut.stopped) == (short.new_ids, short.text, short.stopped)
         assert cut.steps == short.steps
 
@@ -246,14 +251,13 @@ def test_rounds_verdict():
         steps = [Step(k + 1, 1, 1, k, t, 1.0, (), 0.0) for k, t in enumerate(tokens)]
         return Generation([0], list(range(len(tokens))), "".join(tokens[:-1] if stopped == "eos" else tokens),
                           steps, stopped)
-    assert ar.rounds_verdict(gen(["巴", "黎", "。", "<eos>"], "eos")) == "✓ holds"
-    assert ar.rounds_verdict(gen(["法国", "的", "首都", "是", "巴黎"], "max_new_tokens")) == "≈ roughly"
-    assert ar.rounds_verdict(gen(["巴", "黎", "，"], "max_new_tokens")) == "≈ roughly"
-    assert ar.rounds_verdict(gen(["法", "国"], "max_new_tokens")) == "✗ differs"
+    assert ar.rounds_verdict(gen(["巴", "黎", "。", "<eos>"], "eos")) is Verdict.HOLDS
+    assert ar.rounds_verdict(gen(["法国", "的", "首都", "是", "巴黎"], "max_new_tokens")) is Verdict.ROUGHLY
+    assert ar.rounds_verdict(gen(["巴", "黎", "，"], "max_new_tokens")) is Verdict.ROUGHLY
+    assert ar.rounds_verdict(gen(["法", "国"], "max_new_tokens")) is Verdict.DIFFERS
 
 
 def test_loop_rows_follow_the_measurements(smollm2, loop_rows):
-    n_layer = smollm2.config.n_layer
     zh = generate(smollm2, ar.QUESTION, ar.ROUNDS, chat=True)
     c = row(loop_rows, "Round 1")
     assert ar.answer_text(zh) in c.measured
@@ -261,17 +265,16 @@ def test_loop_rows_follow_the_measurements(smollm2, loop_rows):
 
     en = generate(smollm2, ar.ENGLISH, ar.ROUNDS, chat=True)
     c = row(loop_rows, "The loop ends")
-    assert f"(id {en.new_ids[-1]}) in round {len(en.new_ids)}" in c.measured and repr(en.text) in c.measured
-    assert c.verdict == ("✓ holds" if en.stopped == "eos" else "✗ differs")
+    assert c.numbers == {"stopped": en.stopped, "last_id": en.new_ids[-1], "round": len(en.new_ids)}
+    assert en.stopped == "eos" and c.verdict is Verdict.HOLDS
 
     c = row(loop_rows, "The chosen token")
     p = len(en.prompt_ids)
-    assert f"({p}, {p + 1}, {p + 2}, {p + 3}, … tokens)" in c.measured and f"({p}, 1, 1, 1, …)" in c.measured
-    assert c.verdict == "✓ holds"
+    assert c.numbers["lengths"] == [p + k for k in range(len(en.new_ids))] and f"({p}, 1, 1, 1, …)" in c.measured
+    assert c.verdict is Verdict.HOLDS
 
     c = row(loop_rows, "Generating 50")
-    assert c.measured.startswith(f"50 calls to forward for 50 new tokens, 50 of them through all {n_layer}")
-    assert c.verdict == "✓ holds"
+    assert c.numbers == {"passes": 50, "full": 50} and c.verdict is Verdict.HOLDS
 
 
 def test_linear_row(smollm2, loop_rows):
@@ -279,12 +282,11 @@ def test_linear_row(smollm2, loop_rows):
     rerun = [sum(cost.decode_step_flops(smollm2.config, p + k, kv_cache=False).values()) for k in range(50)]
     cached = [sum(cost.decode_step_flops(smollm2.config, p + k).values()) for k in range(1, 50)]
     c = row(loop_rows, "…so the cost")
-    assert f"{sum(rerun) / 1e9:.3g} GFLOPs in all" in c.measured
-    assert f"round 50 {rerun[-1] / 1e9:.3g} GFLOPs (×{rerun[-1] / rerun[0]:.3g})" in c.measured
-    assert f"round 50: ×{cached[-1] / cached[0]:.3g}" in c.measured and "agrees on round 50: yes" in c.measured
-    flat_cached, flat_rerun = cached[-1] / cached[0] < 1.1, rerun[-1] / rerun[0] < 1.1
-    assert c.verdict == ("✓ holds" if flat_cached and flat_rerun else "≈ roughly" if flat_cached else "✗ differs")
-    assert c.verdict == "≈ roughly"                 # the rerun rounds grow (×2.1), the cached ones do not
+    assert c.numbers["rerun"] == rerun and c.numbers["cached"][1:] == cached
+    assert c.numbers["counted"] == c.numbers["formula"]          # torch's FLOP counter on round 50, both ways
+    # linear with a cache (every round within 10 % of the first), not in the article's own loop, which reruns
+    # the prefix: the point holds, the detail does not
+    assert cached[-1] / cached[0] < 1.1 < rerun[-1] / rerun[0] and c.verdict is Verdict.ROUGHLY
 
 
 @needs_gemma
@@ -295,4 +297,4 @@ def test_loop_rows_on_gemma(smollm2, gemma):
     c = row(rows, "Round 1")
     assert c.measured.startswith("Gemma-3-270M") and ar.answer_text(g) in c.measured
     assert c.verdict == ar.rounds_verdict(g)
-    assert "巴黎" in g.text and c.verdict == "≈ roughly"       # 巴黎 comes out, but as one token, after 法国的首都是
+    assert "巴黎" in g.text and c.verdict is Verdict.ROUGHLY   # 巴黎 comes out, but as one token, after 法国的首都是

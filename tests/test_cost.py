@@ -4,9 +4,9 @@ import dataclasses
 import pytest
 
 import llmwalk as lw
-from llmwalk.cost import (article_estimate, decode_step_flops, embedding_lookups, flops_by_stage,
-                          generation_flops, gpt2_config, llama7b_config, matmul_flops, measured_flops,
-                          memory_bytes, n_params, weight_bytes)
+from llmwalk.cost import (article_estimate, counted, decode_step_flops, embedding_lookups, flops_by_stage,
+                          generation_flops, gpt2_config, gpt2_small, llama7b_config, matmul_flops, measured_flops,
+                          memory_bytes, n_params, round_flops, weight_bytes)
 
 # A GPT-2-shaped toy: 2 layers, d_model 4, 2 heads of 2, d_ff 8, vocab 10, 6 positions.
 TINY = dataclasses.replace(gpt2_config(), name="tiny", n_layer=2, d_model=4, n_head=2, n_kv_head=2, d_head=2,
@@ -24,7 +24,7 @@ def test_llama7b_parameter_count():
 
 
 def test_smollm2_parameter_count_from_config_equals_its_weights(smollm2):
-    assert n_params(smollm2.config) == smollm2.config.n_params == 134_515_008
+    assert n_params(smollm2.config) == smollm2.config.n_params == lw.count_params(smollm2.weights)
 
 
 def test_tiny_counts_by_hand():
@@ -82,23 +82,28 @@ def test_analytic_decode_step_matches_flop_counter_mode(smollm2):
 
 def test_the_articles_gpt2_numbers():
     est = article_estimate(gpt2_config(), prompt_len=9, new_tokens=50)
-    assert est["article_flops_per_token"] == 373_319_424                 # "≈ 3.6亿": 3 × 124.4M
-    assert est["article_flops_answer"] == 18_665_971_200                 # "≈ 180亿": 50 × that
+    released = 124_439_808                                               # GPT-2 small's checkpoint
+    assert est["article_flops_per_token"] == 3 * released                # "≈ 3.6亿": 3 × parameters
+    assert est["article_flops_answer"] == 50 * 3 * released              # "≈ 180亿": 50 × that
     # In reality a token costs one multiply-add (2 FLOPs) per weight of every matrix it meets: 12 layers of
     # q, k, v, o (768×768) and up, down (768×3072), then the 768×50257 head; i.e. ≈ 2 × parameters.
-    assert est["two_x_matmul_params"] == 2 * (12 * (4 * 768 ** 2 + 2 * 768 * 3072) + 768 * 50257)
-    assert est["flops_per_token"] / est["params"] == pytest.approx(1.99, abs=0.01)
-    # With a KV cache the answer costs ~26% less than the article's rule; without one, 21x more.
-    assert est["flops_answer_kv_cache"] / est["article_flops_answer"] == pytest.approx(0.74, abs=0.01)
-    assert est["flops_answer_no_cache"] / est["flops_answer_kv_cache"] == pytest.approx(21.1, abs=0.1)
+    matrices = 12 * (4 * 768 ** 2 + 2 * 768 * 3072) + 768 * 50257
+    assert est["two_x_matmul_params"] == 2 * matrices
+    # the 9th token with 8 cached, by hand: the matrices, q·k and Σ w·v over 9 keys in 12 heads of 64 in 12 layers,
+    # 2 LayerNorms per layer + the final one at 8 FLOPs per element
+    assert est["flops_per_token"] == 2 * matrices + 2 * (2 * 12 * 12 * 64 * 9) + 8 * (12 * 2 * 768 + 768)
+    # one answer: each later round costs more than the one before without a cache, and the sum of the rounds
+    # with one stays below the article's rule (2 × parameters per token, not 3)
+    assert est["flops_answer_kv_cache"] < est["article_flops_answer"] < est["flops_answer_no_cache"]
 
 
 def test_llama7b_against_gpt2():
     llama, gpt2 = article_estimate(llama7b_config()), article_estimate(gpt2_config())
-    # The article's 56x is 6.7e9 / 1.2e8 with both counts rounded; exact counts give 54x, FLOPs 53x.
-    assert round(6.7e9 / 1.2e8) == 56
-    assert llama["params"] / gpt2["params"] == pytest.approx(54.15, abs=0.01)
-    assert llama["flops_per_token"] / gpt2["flops_per_token"] == pytest.approx(53.4, abs=0.1)
+    # The article's 56x; the released checkpoints' counts (LLaMA-7B 6,738,415,616, GPT-2 small 124,439,808)
+    assert llama["params"] / gpt2["params"] == 6_738_415_616 / 124_439_808
+    # a token's FLOPs are ≈ 2 × matrix parameters for both, so their ratio is close to the parameter ratio
+    assert llama["flops_per_token"] / gpt2["flops_per_token"] == pytest.approx(
+        llama["two_x_matmul_params"] / gpt2["two_x_matmul_params"], rel=0.01)
 
 
 def test_weight_bytes_per_dtype():
@@ -118,5 +123,34 @@ def test_weight_bytes_per_dtype():
 def test_memory_with_kv_cache(smollm2):
     mem = memory_bytes(smollm2.config, 8192)
     assert mem["kv_cache"] == 2 * 30 * 3 * 64 * 8192 * 4 == lw.kv_cache_bytes(smollm2.config, 8192)
-    assert mem["weights"] == 4 * 134_515_008
+    assert mem["weights"] == 4 * lw.count_params(smollm2.weights)
     assert memory_bytes(smollm2.config, 8192, kv_dtype="int8")["kv_cache"] == mem["kv_cache"] // 4
+
+
+def test_gpt2_small_is_recognised_by_shape_not_by_family():
+    class Loaded:                                                     # a model object: only .config is read
+        def __init__(self, config):
+            self.config = config
+    small, medium = gpt2_config("small"), gpt2_config("medium")
+    assert gpt2_small(Loaded(small)) is small
+    assert gpt2_small(Loaded(medium)) == small and gpt2_small(Loaded(medium)) is not medium   # medium is not small
+    assert gpt2_small() == small
+
+
+def test_round_flops_rounds_and_total(smollm2):
+    c = smollm2.config
+    cached, rerun = round_flops(c, 9, 3, kv_cache=True), round_flops(c, 9, 3, kv_cache=False)
+    # with a cache: the 9-token prompt at once, then one token at context 10 and 11
+    assert cached == [sum(flops_by_stage(c, 9, last_only=True).values()),
+                      sum(flops_by_stage(c, 1, cached=9, last_only=True).values()),
+                      sum(flops_by_stage(c, 1, cached=10, last_only=True).values())]
+    # without: the whole prefix every round, so the first rounds agree and later ones grow
+    assert rerun[0] == cached[0] and rerun[1] > cached[1] and rerun[2] > rerun[1]
+    assert generation_flops(c, 9, 3) == sum(cached) and generation_flops(c, 9, 0) == 0
+
+
+def test_counted_is_torchs_flop_counter_and_returns_the_result():
+    import torch
+    a, b = torch.ones(3, 4), torch.ones(4, 5)
+    flops, out = counted(lambda: a @ b)
+    assert flops == 2 * 3 * 4 * 5 and torch.equal(out, torch.full((3, 5), 4.0))

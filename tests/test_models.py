@@ -7,6 +7,7 @@ import torch
 import llmwalk as lw
 from llmwalk import models
 from markers import needs_gemma
+from test_loaders import saved, tiny
 
 PROMPTS = ["The capital of France is", "法国的首都是什么", "def fibonacci(n):\n    return",
            "Once upon a time, in a small village by the sea, there lived an old fisherman who"]
@@ -76,34 +77,10 @@ def test_forward_with_cache_in_chunks_equals_one_pass(smollm2):
     torch.testing.assert_close(b[0], full[-1], atol=1e-4, rtol=1e-4)
 
 
-# ---------------------------------------------------------------- GPT-2 and Llama directories, tiny random configs
-
-def save_tiny(tmp_path, kind: str):
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    if kind == "gpt2":
-        hf = GPT2LMHeadModel(GPT2Config(n_layer=2, n_head=4, n_embd=64, vocab_size=1000, n_positions=64))
-    else:
-        hf = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                          hidden_size=64, intermediate_size=96, vocab_size=1000,
-                                          max_position_embeddings=64, tie_word_embeddings=kind == "llama-tied"))
-    hf.eval().save_pretrained(tmp_path / kind)
-    return hf.eval(), tmp_path / kind
-
-
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "llama-tied"])
-def test_tiny_hf_directory_matches_transformers(tmp_path, kind):
-    hf, path = save_tiny(tmp_path, kind)
-    model = lw.load_model(path)
-    ids = torch.randint(0, 1000, (40,)).tolist()
-    assert_same_logits(lw.forward(model, ids).logits, hf_logits(hf, ids), atol=1e-4)
-    assert model.config.n_params == sum(p.numel() for p in hf.parameters())
-    assert model.config.family == ("gpt2" if kind == "gpt2" else "llama")
-
+# ---------------------------------------------------------------- directories (every architecture: test_loaders.py)
 
 def test_gpt2_directory_has_learned_positions(tmp_path):
-    _, path = save_tiny(tmp_path, "gpt2")
-    model = lw.load_model(path)
+    model = lw.load_model(saved(tiny("gpt2"), tmp_path))
     trace = lw.forward(model, [1, 1, 1])
     # the same token at three positions: identical token vectors, different inputs once positions are added
     assert torch.equal(trace.tok_emb[0], trace.tok_emb[2])
@@ -193,18 +170,68 @@ def test_hub_unreachable_names_the_offline_default(tmp_path, monkeypatch):
         lw.load_model("distilgpt2")
 
 
-def test_damaged_cache_is_rebuilt(tmp_path, monkeypatch):
-    monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path))
-    first = lw.load_model(progress=False)
-    (out,) = tmp_path.glob("smollm2-135m-*")
-    (out / "model.safetensors").write_bytes(b"garbage")
-    with pytest.warns(UserWarning, match="converting again"):
-        again = lw.load_model(progress=False)
-    assert torch.equal(again.weights.blocks[3].attn_q.weight, first.weights.blocks[3].attn_q.weight)
-
-
 @pytest.mark.parametrize("ids,match", [([], "empty token list"), ([5, 49152], "outside the vocabulary"),
                                        ([-1], "outside the vocabulary"), ([1] * 8193, "longer than the context")])
 def test_bad_ids_are_clear_errors(smollm2, ids, match):
     with pytest.raises(ValueError, match=match):
         lw.forward(smollm2, ids)
+
+
+# ---------------------------------------------------------------- one description of the architecture
+
+def tiny_config(**kw):
+    base = dict(name="tiny", family="llama", n_layer=2, n_head=4, n_kv_head=2, d_model=32, d_head=8, d_ff=64,
+                vocab_size=100, context_length=16, norm="rmsnorm", norm_eps=1e-5, position="rope", ffn="swiglu",
+                tied_embeddings=True)
+    return lw.Config(**{**base, **kw})
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("norm", "rms_norm", "Config.norm is 'rms_norm'; allowed: 'layernorm', 'rmsnorm'"),
+    ("ffn", "SwiGLU", "Config.ffn is 'SwiGLU'; allowed: 'gelu', 'swiglu', 'geglu'"),
+    ("position", "alibi", "Config.position is 'alibi'; allowed: 'learned', 'rope'"),
+    ("n_kv_head", 3, "n_head=4 must be a multiple of n_kv_head=3"),
+    ("d_head", 0, "Config.d_head must be a positive int"),
+    ("global_layers", (0, 2), r"global_layers \(0, 2\) must be layer indices in \[0, 2\)"),
+    ("sliding_window", 0, "sliding_window must be None or >= 1"),
+])
+def test_config_typos_are_refused_naming_the_allowed_values(field, value, match):
+    tiny_config()                                      # the base is valid
+    with pytest.raises(ValueError, match=match):
+        tiny_config(**{field: value})
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"qk_norm": True}, r"blocks.0.attn_q_norm.weight is missing, expected \[64\]"),
+    ({"sandwich_norm": True}, r"blocks.0.post_attention_norm.weight is missing, expected \[576\]"),
+    ({"ffn": "gelu"}, r"blocks.0.ffn_gate.weight is \[576, 1536\], expected none"),
+    ({"norm": "layernorm"}, r"attn_norm.bias is missing|output_norm.bias is missing"),
+    ({"position": "learned"}, r"position_embd is missing, expected \[8192, 576\]"),
+    ({"tied_embeddings": False}, "tied_embeddings=False but the LM head is the embedding table"),
+    ({"n_kv_head": 9}, r"blocks.0.attn_k.weight is \[576, 192\], expected \[576, 576\]"),
+])
+def test_config_and_weights_must_agree(smollm2, change, match):
+    from dataclasses import replace
+    from llmwalk.weights import check_weights
+    check_weights(smollm2.config, smollm2.weights)     # the loaded model agrees with itself
+    with pytest.raises(ValueError, match=match):
+        check_weights(replace(smollm2.config, **change), smollm2.weights)
+
+
+@needs_gemma
+def test_gemma_switches_match_its_tensors(gemma):
+    from dataclasses import replace
+    from llmwalk.weights import check_weights
+    c = gemma.config
+    assert c.qk_norm and c.sandwich_norm and gemma.weights.blocks[0].attn_q_norm is not None
+    with pytest.raises(ValueError, match=r"attn_q_norm.weight is \[256\], expected none"):
+        check_weights(replace(c, qk_norm=False), gemma.weights)
+
+
+def test_eos_ids_join_config_and_tokenizer(smollm2):
+    from dataclasses import replace
+    assert smollm2.eos_ids == frozenset(smollm2.config.eos_token_ids) | {smollm2.tokenizer.token_id("<|im_end|>")}
+    model = replace(smollm2, config=replace(smollm2.config, eos_token_ids=(0,)))
+    assert model.eos_ids == {0, 2}
+    assert replace(model, tokenizer=None).eos_ids == {0}
+    assert isinstance(model.eos_ids, frozenset)

@@ -1,4 +1,6 @@
-from llmwalk.report import Claim, claims_table, table
+import pytest
+
+from llmwalk.report import CLOSE, ROUGH, RULES, Claim, Verdict, claims_by_section, claims_table, table
 
 
 def test_table_text_and_html():
@@ -7,12 +9,53 @@ def test_table_text_and_html():
     assert "<td style='text-align:left'>0.7725</td>" in t._repr_html_() and "<caption" in t._repr_html_()
 
 
-def test_claims_table_escapes_html():
-    t = claims_table([Claim("二", "<9 tokens>", "6", "✗ differs")])
-    assert "&lt;9 tokens&gt;" in t._repr_html_()
+def test_claims_table_escapes_html_and_shows_the_rules_once_under_the_rows():
+    t = claims_table([Claim("二", "<9 tokens>", "6", Verdict.DIFFERS)])
+    assert "&lt;9 tokens&gt;" in t._repr_html_() and "<tfoot>" in t._repr_html_()
     assert t.header == ("§", "the article says", "we measured", "verdict")
+    assert t.rows == (("二", "<9 tokens>", "6", "✗ differs"),)
+    assert repr(t).endswith(RULES)
 
 
 def test_table_pads_chinese_by_display_width():
     lines = repr(table([("第1轮", "巴"), ("round 10", "x")], ("round", "token"))).splitlines()
     assert lines[2] == "第1轮    | 巴" and lines[3] == "round 10 | x"
+
+
+# ---------------------------------------------------------------- the one verdict rule set
+
+def test_verdict_of_a_point_and_its_details():
+    assert Verdict.of(True) is Verdict.of(True, True) is Verdict.HOLDS
+    assert Verdict.of(True, False) is Verdict.ROUGHLY
+    assert Verdict.of(False, True) is Verdict.of(False, False) is Verdict.DIFFERS
+
+
+@pytest.mark.parametrize("measured, said, expected", [
+    (100, 100, Verdict.HOLDS), (110, 100, Verdict.HOLDS), (100, 110, Verdict.HOLDS),        # within 10 %, both ways
+    (111, 100, Verdict.ROUGHLY), (100, 111, Verdict.ROUGHLY),
+    (200, 100, Verdict.ROUGHLY), (100, 200, Verdict.ROUGHLY),                              # a factor of 2 exactly
+    (201, 100, Verdict.DIFFERS), (0.778, 0.042, Verdict.DIFFERS)])
+def test_verdict_of_a_number_by_its_ratio(measured, said, expected):
+    assert (CLOSE, ROUGH) == (0.10, 2.0)                       # the thresholds the rules text states
+    assert Verdict.of_number(measured, said) is expected
+
+
+def test_verdict_of_a_number_refuses_what_has_no_ratio():
+    with pytest.raises(ValueError, match="positive"):
+        Verdict.of_number(0, 0.042)
+
+
+def test_verdicts_print_as_their_symbols_and_a_claim_takes_only_a_verdict():
+    assert [str(v) for v in Verdict] == ["✓ holds", "≈ roughly", "✗ differs", "— not checkable here"]
+    with pytest.raises(TypeError, match="Verdict"):
+        Claim("二", "said", "measured", "✓ holds")
+
+
+def test_claims_by_section_one_table_per_section_linking_its_notebook():
+    rows = [Claim("二", "a", "1", Verdict.HOLDS), Claim("三", "b", "2", Verdict.ROUGHLY),
+            Claim("二", "c", "3", Verdict.DIFFERS)]
+    shown = claims_by_section(rows)
+    assert [len(t.rows) for t in shown.tables] == [2, 1]
+    assert shown.links == ("02_tokenization.ipynb", "03_embedding.ipynb")
+    assert "href='02_tokenization.ipynb'" in shown._repr_html_()
+    assert [bool(t.note) for t in shown.tables] == [False, True]     # the rules once, under the last table

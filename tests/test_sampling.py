@@ -11,6 +11,7 @@ from transformers.generation.logits_process import (
 )
 
 from llmwalk.sampling import (
+    Sampler,
     apply_temperature,
     greedy,
     min_p_filter,
@@ -88,6 +89,35 @@ def test_probs_after_matches_generate_pipeline(kind, vocab):
         assert torch.equal(probs_after(x, t, top_k=k, top_p=p, min_p=min_p), expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_logits_are_sampled_in_float32(dtype):
+    x = next(cases("normal1", 1000))[0].to(dtype)
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(50), TopPLogitsWarper(0.9)])
+    probs = Sampler(0.7, top_k=50, top_p=0.9).probs(x)
+    assert probs.dtype == torch.float32
+    assert torch.equal(probs, warpers(None, x.float()).softmax(-1))
+
+
+def test_greedy_sampler_uses_no_random_numbers():
+    x = torch.tensor([1.0, 3.0, 2.0])
+    g = torch.Generator().manual_seed(0)
+    state = g.get_state()
+    assert Sampler().is_greedy and not Sampler(0.5).is_greedy
+    assert int(Sampler().draw(x, g)) == 1 and int(Sampler().choose(Sampler().probs(x), g)) == 1
+    assert torch.equal(g.get_state(), state)
+    Sampler(1.0).draw(x, g)                      # a draw does use the generator
+    assert not torch.equal(g.get_state(), state)
+
+
+def test_sampler_is_frozen_and_checked_when_made():
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 1.5"):
+        Sampler(0.7, top_p=1.5)
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0, got '0.7'"):
+        Sampler("0.7")
+    with pytest.raises(AttributeError):
+        Sampler().temperature = 1.0
+
+
 def test_top_k_keeps_all_ties_and_top_p_splits_them():
     x = torch.tensor([1.0, 1.0, 1.0, 1.0, 0.0])
     assert top_k_filter(x, 2).isfinite().tolist() == [True, True, True, True, False]
@@ -148,6 +178,7 @@ def test_sample_frequencies_match_probs_after():
         (dict(top_p=-0.1), "(0, 1]"),
         (dict(top_p=1.5), "(0, 1]"),
         (dict(top_p=math.nan), "(0, 1]"),
+        (dict(top_p="0.5"), "(0, 1]"),
         (dict(top_k=0), ">= 1"),
         (dict(top_k=-3), ">= 1"),
         (dict(top_k=2.5), ">= 1"),
@@ -159,10 +190,11 @@ def test_sample_frequencies_match_probs_after():
 )
 def test_bad_parameters_raise(kwargs, needle):
     (name, value), = kwargs.items()
-    with pytest.raises(ValueError) as err:
-        probs_after(torch.zeros(5), **kwargs)
-    msg = str(err.value)
-    assert name in msg and needle in msg and repr(value) in msg
+    for make in (lambda: probs_after(torch.zeros(5), **kwargs), lambda: Sampler(**kwargs)):
+        with pytest.raises(ValueError) as err:
+            make()
+        msg = str(err.value)
+        assert name in msg and needle in msg and repr(value) in msg
     with pytest.raises(ValueError, match=name):
         sample(torch.zeros(5), **kwargs)
 

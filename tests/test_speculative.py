@@ -8,12 +8,12 @@ import torch
 
 import llmwalk as lw
 import llmwalk.viz as viz
-from llmwalk.generate import generate
+from llmwalk.generation import generate
 from llmwalk.head import logit_lens
-from llmwalk.kv_cache import KVCache
-from llmwalk.quantize import compare_to_fp32, eval_text, quantize_model
+from llmwalk.accuracy import compare_to_fp32, eval_text
+from llmwalk.quantize import quantize_model
 from llmwalk.speculative import (Draft, EarlyExitDraft, ModelDraft, PromptLookupDraft, draw, early_exit_model,
-                                 lookup, rollback, speculative_generate, verify)
+                                 lookup, speculative_generate, verify)
 
 # (text, chat): an answer that copies its prompt (ending in EOS, which prompt lookup proposes together with the
 # chat template's tokens after it), and a continuation with nothing to copy.
@@ -128,19 +128,6 @@ def test_prompt_lookup_rejects_a_bad_ngram():
 
 # ---------------------------------------------------------------- caches and models
 
-def test_rollback_forgets_rejected_positions(smollm2):
-    ids = smollm2.tokenizer.encode("The cat sat on the mat by the door.")
-    cache = KVCache.empty(smollm2.config, 16)
-    lw.forward(smollm2, ids[:5], cache, record=False)
-    lw.forward(smollm2, [42, 43, 44], cache, record=False)      # drafted tokens the target then rejects
-    rollback(cache, 5)
-    assert cache.length == 5 and all(layer.length == 5 for layer in cache.layers)
-    resumed = lw.forward(smollm2, ids[5:], cache, record=False).logits
-    torch.testing.assert_close(resumed, lw.forward(smollm2, ids, record=False).logits[5:], atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match="cannot roll a cache of"):
-        rollback(cache, cache.length + 1)
-
-
 def test_early_exit_model_is_the_logit_lens(smollm2):
     ids = smollm2.tokenizer.encode("The capital of France is")
     exit6 = early_exit_model(smollm2, 6)
@@ -184,7 +171,7 @@ def drafts(smollm2, int8) -> dict[str, Draft]:
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_speculative_equals_plain_greedy(smollm2, plain, drafts, prompt, draft, k):
     text, chat = PROMPTS[prompt]
-    result = speculative_generate(smollm2, drafts[draft], text, k, N, chat=chat)
+    result = speculative_generate(smollm2, drafts[draft], text, k=k, max_new_tokens=N, chat=chat)
     assert result.new_ids == plain[prompt]
     if draft == "lookup" and prompt == "repeat":
         assert result.acceptance_rate > 0.5 and result.target_forward_passes < len(result.new_ids)
@@ -193,16 +180,17 @@ def test_greedy_speculative_equals_plain_greedy(smollm2, plain, drafts, prompt, 
 def test_greedy_int4_draft(smollm2, plain):
     """int4 runs through the slow dequantize path: a few tokens only."""
     text, chat = PROMPTS["repeat"]
-    result = speculative_generate(smollm2, ModelDraft(quantize_model(smollm2, 4, 32)), text, 3, 8, chat=chat)
+    result = speculative_generate(smollm2, ModelDraft(quantize_model(smollm2, 4, 32)), text, k=3, max_new_tokens=8,
+                                  chat=chat)
     assert result.new_ids == plain["repeat"][:8]
 
 
 def test_rounds_account_for_every_token(smollm2, drafts, plain):
     text, chat = PROMPTS["repeat"]
     for draft in ("lookup", "int8"):
-        result = speculative_generate(smollm2, drafts[draft], text, 5, N, chat=chat)
+        result = speculative_generate(smollm2, drafts[draft], text, k=5, max_new_tokens=N, chat=chat)
         made = [t for r in result.rounds for t in r.new_ids]
-        assert result.stopped == "eos" and result.new_ids[-1] in smollm2.config.eos_token_ids
+        assert result.stopped == "eos" and result.new_ids[-1] in smollm2.eos_ids
         # Cut after EOS: both drafts went on past it (lookup copies the chat template that follows it in the prompt).
         assert made[:len(result.new_ids)] == result.new_ids and len(made) > len(result.new_ids)
         assert result.text == smollm2.tokenizer.decode(plain["repeat"][:-1]) == text.split(": ")[1]
@@ -218,14 +206,14 @@ def test_rounds_account_for_every_token(smollm2, drafts, plain):
 
 def test_draft_identical_to_target_is_always_accepted(smollm2, plain):
     text, chat = PROMPTS["no copy"]
-    result = speculative_generate(smollm2, ModelDraft(smollm2), text, 3, 12, chat=chat)
+    result = speculative_generate(smollm2, ModelDraft(smollm2), text, k=3, max_new_tokens=12, chat=chat)
     assert result.new_ids == plain["no copy"][:12]
     assert result.acceptance_rate == 1.0 and all(r.bonus for r in result.rounds)
     assert len(result.rounds) == math.ceil(12 / 4) and result.target_forward_passes == 4
 
 
 def test_max_new_tokens_is_exact_when_every_draft_is_accepted(smollm2):
-    result = speculative_generate(smollm2, ModelDraft(smollm2), PROMPTS["no copy"][0], 5, 8)
+    result = speculative_generate(smollm2, ModelDraft(smollm2), PROMPTS["no copy"][0], k=5, max_new_tokens=8)
     assert len(result.new_ids) == 8 and [len(r.proposed_ids) for r in result.rounds] == [5, 1]
 
 
@@ -240,7 +228,19 @@ def test_sampling_is_reproducible_with_a_seed(smollm2, drafts, draft):
     assert other.new_ids != first.new_ids
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_greedy_speculative_on_a_low_precision_model(smollm2, dtype):
+    """The caches take the model's dtype: a bf16/fp16 target with a bf16/fp16 draft gives its own greedy tokens."""
+    target = dataclasses.replace(smollm2, weights=lw.to_dtype(smollm2.weights, dtype))
+    text, chat = PROMPTS["repeat"]
+    plain_ids = generate(target, text, 10, chat=chat).new_ids
+    for draft in (PromptLookupDraft(), EarlyExitDraft(target, 4)):
+        assert speculative_generate(target, draft, text, k=3, max_new_tokens=10, chat=chat).new_ids == plain_ids
+
+
 def test_errors(smollm2):
+    with pytest.raises(TypeError, match="positional"):                 # k and the rest are keyword-only
+        speculative_generate(smollm2, PromptLookupDraft(), "Hi", 3)
     with pytest.raises(ValueError, match="k \\(tokens drafted per round\\) must be an int >= 1"):
         speculative_generate(smollm2, PromptLookupDraft(), "Hi", k=0)
     with pytest.raises(ValueError, match="pass seed="):                 # generate's own checks

@@ -149,3 +149,70 @@ def test_lm_head_and_softmax():
     x, table = torch.randn(3, 16), torch.randn(50, 16)
     torch.testing.assert_close(lw.lm_head(x, table), F.linear(x, table))
     torch.testing.assert_close(lw.softmax(x), F.softmax(x, dim=-1))
+
+
+def _bytes_kept(trace) -> int:
+    """Bytes of every distinct tensor storage the trace's layers hold."""
+    storages = {}
+    for b in trace.layers:
+        for t in [*b[:1], *b.attn, *b[2:]]:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def test_record_bytes_is_what_a_recorded_trace_keeps(smollm2):
+    ids = smollm2.tokenizer.encode("The capital of France is a city on the Seine")
+    trace = lw.forward(smollm2, ids)
+    assert lw.walk.record_bytes(smollm2.config, len(ids)) == _bytes_kept(trace)
+
+
+def test_record_bytes_with_a_cache_counts_the_cached_keys(smollm2):
+    cache = lw.KVCache.empty(smollm2.config, capacity=16)
+    lw.forward(smollm2, smollm2.tokenizer.encode("The capital of France"), cache=cache, record=False)
+    trace = lw.forward(smollm2, smollm2.tokenizer.encode(" is Paris"), cache=cache)
+    t, s = len(trace.ids), cache.length
+    assert trace.attn.shape[-2:] == (t, s)
+    # k and v are views of the cache's buffers: count them as the estimate does, [n_kv, s, d_head] each
+    c = smollm2.config
+    kv = 2 * c.n_layer * c.n_kv_head * s * c.d_head * 4
+    kept = sum(sum(x.numel() * x.element_size() for x in [*b[:1], b.attn.out, b.attn.weights, b.attn.q, b.attn.z,
+                                                            *b[2:]]) for b in trace.layers)
+    assert lw.walk.record_bytes(c, t, s) == kept + kv
+
+
+def test_a_recorded_pass_past_the_budget_is_refused_before_it_starts(smollm2):
+    c = smollm2.config
+    assert lw.walk.record_bytes(c, 4096) > 16 * 2**30          # the issue's ~20 GB at 4096 tokens
+    with pytest.raises(ValueError, match=r"record=False.*at most \d+ tokens"):
+        lw.forward(smollm2, [1] * 4096)
+    fits = lw.walk.record_bytes(c, 64)
+    with pytest.raises(ValueError, match="max_record_bytes"):
+        lw.forward(smollm2, [1] * 65, max_record_bytes=fits)
+    assert lw.forward(smollm2, [1] * 64, max_record_bytes=fits).attn.shape == (c.n_layer, c.n_head, 64, 64)
+    assert lw.forward(smollm2, [1] * 65, record=False, max_record_bytes=fits).logits.shape == (65, c.vocab_size)
+
+
+def test_unrecorded_trace_says_how_to_get_the_intermediates(smollm2):
+    trace = lw.forward(smollm2, [1, 2, 3], record=False)
+    for what in ("attn", "resid", "ffn_hidden"):
+        with pytest.raises(ValueError, match="record=False"):
+            getattr(trace, what)
+    recorded = lw.forward(smollm2, [1, 2, 3])
+    assert recorded.attn is recorded.attn and recorded.resid is recorded.resid     # computed once
+
+
+def test_attention_steps_match_a_hand_computation_with_copied_kv_heads():
+    c = cfg(n_head=6, n_kv_head=2)
+    block, x, t = rand_block(c), torch.randn(7, c.d_model), 7
+    rope = lw.rope_angles(torch.arange(t), c.d_head, 10000.0)
+    q, k, v = lw.layers.project_qkv(x, block, c, rope)
+    assert (q.shape, k.shape, v.shape) == ((6, t, 8), (2, t, 8), (2, t, 8))
+    k_full, v_full = k.repeat_interleave(3, dim=0), v.repeat_interleave(3, dim=0)  # query head h reads kv head h // 3
+    scores = lw.layers.attention_scores(q, k, c)
+    torch.testing.assert_close(scores, q @ k_full.transpose(-1, -2) / c.d_head ** 0.5)
+    weights = torch.softmax(scores.masked_fill(~lw.causal_mask(t), float("-inf")), -1)
+    z = lw.layers.mix_values(weights, v)
+    torch.testing.assert_close(z, weights @ v_full)
+    a = lw.attention(x, block, c, lw.causal_mask(t), rope)
+    torch.testing.assert_close(a.out, lw.layers.merge_heads(z) @ block.attn_output.weight)
+    torch.testing.assert_close(a.z, z)

@@ -117,3 +117,134 @@ def test_gemma_tokenizer_equals_transformers(gemma, hf_gemma_tokenizer, text):
 def test_base_model_without_template_says_so(gpt2):
     with pytest.raises(ValueError, match="no chat template"):
         gpt2.encode("hi", chat=True)
+
+
+# ---------------------------------------------------------------- chat templates: sandboxed, rendered as transformers does
+
+# The template of Gemma-3's instruction-tuned models (the shipped 270M base GGUF has none): system prompt folded into
+# the first user turn, raise_exception on roles that do not alternate, `trim` filters, whitespace control.
+GEMMA3_IT_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- set role = "model" if message['role'] == 'assistant' else message['role'] -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {{- message['content'] | trim }}
+    {{- '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+
+# What transformers gives templates besides plain Jinja: loop controls, an unescaped tojson, strftime_now.
+FEATURES_TEMPLATE = """{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}{{ m | tojson }}
+{% if loop.index >= 2 %}{% break %}{% endif %}{% endfor %}{{ strftime_now('%Y') | length }}"""
+
+CONVERSATION = [{"role": "system", "content": "Answer briefly & in Chinese <b>."},
+                {"role": "user", "content": "法国的首都是什么"}, {"role": "assistant", "content": " 巴黎。 "},
+                {"role": "user", "content": "And Germany's?"}]
+
+
+def with_template(tokenizer, template):
+    import copy
+    tok = copy.copy(tokenizer)
+    tok.chat_template = template
+    return tok
+
+
+@needs_gemma
+def test_gemma_has_no_template_like_transformers_and_says_so(gemma, hf_gemma_tokenizer):
+    assert gemma.tokenizer.chat_template == hf_gemma_tokenizer.chat_template is None
+    with pytest.raises(ValueError, match="no chat template.*without chat=True"):
+        gemma.tokenizer.encode("hi", chat=True)
+
+
+@needs_gemma
+@pytest.mark.parametrize("messages", [CONVERSATION, CONVERSATION[1:2]])
+def test_gemma3_chat_template_renders_as_transformers(gemma, hf_gemma_tokenizer, messages):
+    ours = with_template(gemma.tokenizer, GEMMA3_IT_TEMPLATE).apply_chat_template(messages)
+    ref = hf_gemma_tokenizer.apply_chat_template(messages, chat_template=GEMMA3_IT_TEMPLATE, tokenize=False,
+                                                 add_generation_prompt=True)
+    assert ours == ref
+    assert ours.startswith("<bos><start_of_turn>user\n") and ours.endswith("<start_of_turn>model\n")
+
+
+@needs_gemma
+def test_template_raise_exception_is_a_template_error_as_in_transformers(gemma, hf_gemma_tokenizer):
+    import jinja2
+    bad = [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]
+    with pytest.raises(jinja2.TemplateError, match="must alternate"):
+        with_template(gemma.tokenizer, GEMMA3_IT_TEMPLATE).apply_chat_template(bad)
+    with pytest.raises(jinja2.TemplateError, match="must alternate"):
+        hf_gemma_tokenizer.apply_chat_template(bad, chat_template=GEMMA3_IT_TEMPLATE, tokenize=False)
+
+
+def test_smollm2_multi_turn_and_template_features_render_as_transformers(smollm2, hf_smollm2_tokenizer):
+    assert smollm2.tokenizer.apply_chat_template(CONVERSATION) == hf_smollm2_tokenizer.apply_chat_template(
+        CONVERSATION, tokenize=False, add_generation_prompt=True)
+    ours = with_template(smollm2.tokenizer, FEATURES_TEMPLATE).apply_chat_template(CONVERSATION)
+    assert ours == hf_smollm2_tokenizer.apply_chat_template(CONVERSATION, chat_template=FEATURES_TEMPLATE,
+                                                            tokenize=False, add_generation_prompt=True)
+    assert '"法国的首都是什么"' in ours and "Germany" not in ours and ours.endswith("4")
+
+
+PAYLOADS = ["{{ cycler.__init__.__globals__.os.system('touch PWNED') }}",
+            "{{ ''.__class__.__mro__[1].__subclasses__() }}{{ joiner.__init__.__globals__.os.system('touch PWNED') }}",
+            "{{ namespace.__init__.__globals__['os'].system('touch PWNED') }}",
+            "{% set _ = messages.append({'role': 'system', 'content': 'x'}) %}{{ messages | length }}"]
+
+
+@pytest.mark.parametrize("payload", PAYLOADS)
+def test_malicious_chat_template_cannot_run_code(smollm2, tmp_path, payload):
+    import dataclasses
+    from llmwalk.tokens import UnsafeChatTemplateError
+    marker = tmp_path / "pwned"
+    evil = with_template(smollm2.tokenizer, payload.replace("PWNED", str(marker)))
+    model = dataclasses.replace(smollm2, tokenizer=evil)
+    with pytest.raises(UnsafeChatTemplateError, match="sandbox stopped it.*without chat=True"):
+        lw.generate(model, "hi", chat=True, max_new_tokens=1)
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("bad,error,match", [([-1], ValueError, r"token id -1 is outside the vocabulary \[0, 50257\)"),
+                                             ([50257], ValueError, r"token id 50257 .*\[0, 50257\)"),
+                                             ([1.7], TypeError, "token ids are integers, got 1.7"),
+                                             ([None], TypeError, "token ids are integers")])
+def test_gpt2_decode_of_bad_ids_names_the_range(gpt2, bad, error, match):
+    with pytest.raises(error, match=match):
+        gpt2.decode(bad)
+
+
+@pytest.mark.parametrize("bad", [-1, 49152, 10**12])
+def test_hf_decode_of_bad_ids_names_the_range(smollm2, bad):
+    with pytest.raises(ValueError, match=rf"token id {bad} is outside the vocabulary \[0, 49152\)"):
+        smollm2.tokenizer.decode([bad])
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        smollm2.tokenizer.pieces([bad])
+
+
+def test_ids_from_torch_and_numpy_decode_like_ints(gpt2):
+    import numpy as np
+    import torch
+    assert gpt2.decode(torch.tensor([15496, 995])) == gpt2.decode(np.array([15496, 995])) == "Hello world"
+
+
+@pytest.mark.parametrize("prompt,match", [(b"hi", r"got bytes: decode it first: text.decode\('utf-8'\)"),
+                                          (None, "got NoneType: pass a str"), ([1, 2], "got list")])
+def test_encode_of_a_non_string_names_the_fix(gpt2, smollm2, prompt, match):
+    for tok in (gpt2, smollm2.tokenizer):
+        with pytest.raises(TypeError, match=match):
+            tok.encode(prompt)
+        with pytest.raises(TypeError, match=match):
+            tok.text_ids(prompt)

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure  # noqa: E402
 import llmwalk as lw  # noqa: E402
 import llmwalk.viz as viz  # noqa: E402
 from llmwalk.cost import decode_step_flops, flops_by_stage, gpt2_config, weight_bytes  # noqa: E402
-from llmwalk.generate import generate  # noqa: E402
+from llmwalk.generation import generate  # noqa: E402
 from llmwalk.quantize import dequantize_tensor, quantize_tensor  # noqa: E402
 from llmwalk.sampling import probs_after, surgery  # noqa: E402
 from llmwalk.viz import fonts  # noqa: E402
@@ -227,7 +227,7 @@ def test_logit_lens_grid_last_row_is_the_answer(trace, model, tok):
     fig = viz.logit_lens_grid(trace, model)
     ax = fig.axes[0]
     t, rows = len(trace.ids), model.config.n_layer + 1
-    assert tick_labels(ax.yaxis)[-1] == f"layer {model.config.n_layer}" and len(ax.texts) == rows * t
+    assert tick_labels(ax.yaxis)[-1] == f"after layer {model.config.n_layer - 1}" and len(ax.texts) == rows * t
     last_row = [s.get_text() for s in ax.texts[-t:]]
     assert last_row == shown(tok, trace.logits.argmax(-1), 8)
 
@@ -257,8 +257,9 @@ def test_prob_bars_grey_out_the_cut(logits, tok):
     assert tick_labels(ax.yaxis) == shown(tok, logits.topk(8).indices)
     assert bar_colors(ax) == ["#e45756"] + ["#4c78a8"] * 2 + ["#cfcfcf"] * 5
     assert "✂ top-k = 3" in texts(fig) and "3 of 49152 tokens kept" in texts(fig)
-    cumulative = ax.lines[0]                                            # what top-p adds up: top-k's survivors
-    assert cumulative.get_label() == "cumulative after top-k" and cumulative.get_xdata()[2] == pytest.approx(1)
+    cumulative = ax.lines[0].get_xdata()                                # the running total of the bars drawn
+    assert np.allclose(cumulative, np.cumsum([p.get_width() for p in ax.patches]), atol=1e-6)
+    assert cumulative[2] == pytest.approx(float(logits.softmax(-1).topk(3).values.sum()), abs=1e-5)
     fig = viz.prob_bars(logits, tok, temperature=1.0, top_p=0.8, n=8)
     cumulative = fig.axes[0].lines[0].get_xdata()
     assert np.allclose(cumulative, logits.softmax(-1).topk(8).values.cumsum(0), atol=1e-5)
@@ -349,6 +350,10 @@ def test_sampling_widget_follows_its_twin(sampler, logits, tok):
     assert signature(sampler.figure) == signature(twin)
     sampler.controls["top_k"].value = 0                                  # one control: redraws on its own
     assert "49152 of 49152 tokens kept" in texts(sampler.figure)
+    figure = sampler.figure
+    sampler.set(temperature=1.3, top_k=10, top_p=0.9, min_p=0.05)         # redrawn in place, as a new one would be
+    assert sampler.figure is figure
+    assert signature(figure) == signature(viz.sampling_panel(logits, tok, 1.3, 10, 0.9, 0.05, n=6))
 
 
 def test_attention_and_lens_widgets_follow_their_twins(trace, tok, model):
@@ -399,13 +404,13 @@ def test_similarity_widget_explains_bad_words(model):
 def test_next_token_widget_follows_its_twin(model, tok):
     w = viz.next_token_widget(model, PROMPT, n=6)
     assert set(w.controls) == {"prompt", "n", "chat"}
-    logits = lw.forward(model, tok.encode(PROMPT), last_only=True).logits[-1]
+    logits = lw.forward(model, tok.encode(PROMPT), record=False, last_only=True).logits[-1]
     assert signature(w.figure) == signature(viz.prob_bars(logits, tok, n=6, title=f"after {PROMPT!r}"))
     before = png_of(w)
     w.controls["n"].value = 3                                           # the slider alone redraws
     assert png_of(w) != before and len(w.figure.axes[0].patches) == 3
     w.set(prompt=ZH, chat=True, n=5)
-    chat_logits = lw.forward(model, tok.encode(ZH, chat=True), last_only=True).logits[-1]
+    chat_logits = lw.forward(model, tok.encode(ZH, chat=True), record=False, last_only=True).logits[-1]
     twin = viz.prob_bars(chat_logits, tok, n=5, title=f"after {ZH!r} (chat template)")
     assert signature(w.figure) == signature(twin)
 
@@ -441,6 +446,8 @@ def test_generation_widget_steps_like_generate(model, tok):
         w.controls["next"].click()
     expected = generate(model, PROMPT, 2, temperature=0.8, seed=3, kv_cache=False)
     assert w.ids == expected.ids and png_of(w) != first
+    twin = viz.prob_bars(w.logits, tok, 0.8, n=5, title="…" + tok.decode(w.ids)[-60:].replace("\n", "↵"))
+    assert signature(w.figure) == signature(twin)                       # redrawn in place for the next round
     assert w.table.value.count("<tr>") == 3                             # header and two rounds
     w.controls["reset"].click()
     assert w.ids == tok.encode(PROMPT) and png_of(w) == first and w.table.value.count("<tr>") == 1

@@ -143,12 +143,15 @@ def test_sampling_panel_says_what_bars_and_line_are(model, wide):
     ax = fig.axes[0]
     bars, line = [t.get_text() for t in ax.get_legend().get_texts()]
     assert "T = 0.7" in bars and "before the cuts" in bars
-    assert "after top-k" in line and "renormalized" in line
+    assert "running total of the bars" in line and "p × the mass top-k kept" in line
     scaled = wide.float() / 0.7
     top = scaled.softmax(-1).topk(10)
-    survivors = lw.top_k_filter(scaled, 50).softmax(-1)
     assert np.allclose([p.get_width() for p in ax.patches], top.values.numpy(), atol=1e-6)    # bars: before top-k
-    assert ax.lines[0].get_xdata()[0] == pytest.approx(float(survivors[top.indices[0]]), abs=1e-6)
+    assert np.allclose(ax.lines[0].get_xdata(), top.values.cumsum(0).numpy(), atol=1e-5)     # line: their total
+    for stage in fig.axes[3:6]:                     # probability stages: one scale, to just past the longest bar
+        assert stage.get_xlim() == fig.axes[3].get_xlim()
+        assert max(p.get_width() for p in stage.patches) < stage.get_xlim()[1] < 1.4 * max(
+            max(p.get_width() for p in s.patches) for s in fig.axes[3:6])
     assert "top-k = 50 keeps 50" in ax.get_xlabel() and "top-p = 0.9 keeps" in ax.get_xlabel()
 
 

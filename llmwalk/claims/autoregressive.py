@@ -6,15 +6,13 @@ matrix-product counts agree with torch's own FLOP counter (checked here on the l
 """
 from __future__ import annotations
 
-import importlib
-from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .. import cost
-from ..generate import Generation, decoding_head, generate
+from ..analysis import Pass, first_rounds, recorded_passes
+from ..generation import Generation, decoding_head, generate
 from ..kv_cache import KVCache
-from ..report import Claim
+from ..report import Claim, Verdict
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -28,70 +26,17 @@ ROUNDS = 16                                  # rounds shown for the Chinese ques
 N = 50                                       # the article's "generating 50 tokens"
 
 
-@dataclass(frozen=True)
-class Pass:
-    """One call to forward during generation: the token ids that went in, and how many layers ran on them."""
-
-    ids: tuple[int, ...]
-    layers: int
-
-
-@contextmanager
-def recorded_passes() -> Iterator[list[Pass]]:
-    """Record every forward pass generate() makes while the block runs.
-
-        with recorded_passes() as passes:
-            generate(model, "Hello", 5, kv_cache=False)
-        [len(p.ids) for p in passes]        # the tokens each round ran through the model
-    """
-    module = importlib.import_module("llmwalk.generate")      # the module: llmwalk.generate is also the function
-    real, passes = module.forward, []
-
-    def spy(model, ids, *args, **kwargs):
-        trace = real(model, ids, *args, **kwargs)
-        layers = sum(1 for name in trace.seconds if name.startswith("layer "))
-        passes.append(Pass(tuple(int(i) for i in ids), layers))
-        return trace
-
-    module.forward = spy
-    try:
-        yield passes
-    finally:
-        module.forward = real
-
-
 def answer_text(g: Generation) -> str:
     """The generated tokens as one line of text, with [EOS] where generation stopped at an end token."""
     return g.text.replace("\n", "↵") + (" [EOS]" if g.stopped == "eos" else "")
 
 
-def first_rounds(model: "Model", g: Generation, n: int) -> Generation:
-    """What generate(..., n) would have returned: the first n rounds of a longer run, up to an end token."""
-    eos = set(model.config.eos_token_ids) | set(model.tokenizer.eos_token_ids)
-    steps = g.steps[:n]
-    end = next((k for k, s in enumerate(steps) if s.token_id in eos), None)
-    steps = steps if end is None else steps[:end + 1]
-    ids = [s.token_id for s in steps]
-    text = model.tokenizer.decode(ids if end is None else ids[:-1])
-    return Generation(g.prompt_ids, ids, text, steps, "max_new_tokens" if end is None else "eos")
-
-
-def rounds_verdict(g: Generation) -> str:
-    """✓ if the answer goes 巴, 黎, 。, [EOS] as the article's rounds do; ≈ if 巴黎 comes out some other way; else ✗."""
+def rounds_verdict(g: Generation) -> Verdict:
+    """The point: 巴黎 comes out of the rounds; the detail: in the article's rounds exactly, 巴, 黎, 。, [EOS]."""
     pieces = tuple("[EOS]" if k == len(g.steps) - 1 and g.stopped == "eos" else s.token
                    for k, s in enumerate(g.steps))
-    if pieces[:len(ARTICLE_ROUNDS)] == ARTICLE_ROUNDS:
-        return "✓ holds"
-    return "≈ roughly" if "巴黎" in g.text else "✗ differs"
-
-
-def round_flops(config, prompt_len: int, n: int = N, kv_cache: bool = True) -> list[int]:
-    """FLOPs of each of the n rounds (cost.py's count). With a cache round 1 runs the whole prompt (prefill) and every
-    later round one token; without one, round k runs the prompt and the k − 1 tokens chosen so far."""
-    if kv_cache:
-        return ([sum(cost.flops_by_stage(config, prompt_len, last_only=True).values())]
-                + [sum(cost.decode_step_flops(config, prompt_len + k).values()) for k in range(1, n)])
-    return [sum(cost.decode_step_flops(config, prompt_len + k, kv_cache=False).values()) for k in range(n)]
+    return Verdict.of("巴黎" in g.text or pieces[:len(ARTICLE_ROUNDS)] == ARTICLE_ROUNDS,
+                      pieces[:len(ARTICLE_ROUNDS)] == ARTICLE_ROUNDS)
 
 
 def _rounds_claim(model: "Model", gemma: "Model | None", smol_zh: Generation) -> Claim:
@@ -116,7 +61,8 @@ def _eos_claim(model: "Model", english: Generation, smol_zh: Generation) -> Clai
                  f"{last.token!r} (id {last.token_id}) in round {last.index}: stopped = {english.stopped!r}. "
                  f"The Chinese question: {'an end token' if smol_zh.stopped == 'eos' else 'no end token'} in "
                  f"{len(smol_zh.steps)} rounds",
-                 "✓ holds" if eos and last.token_id in model.config.eos_token_ids else "✗ differs")
+                 Verdict.of(eos and last.token_id in model.config.eos_token_ids),
+                 numbers={"stopped": english.stopped, "last_id": last.token_id, "round": last.index})
 
 
 def _append_claim(model: "Model", english: Generation, passes: Sequence[Pass],
@@ -129,7 +75,8 @@ def _append_claim(model: "Model", english: Generation, passes: Sequence[Pass],
                  f"{'yes' if appended else 'no'}, through all {model.config.n_layer} layers: "
                  f"{'yes' if full else 'no'} ({', '.join(map(str, lens[:4]))}, … tokens). With a cache only the "
                  f"new token runs ({', '.join(str(len(p.ids)) for p in cached[:4])}, …), still through every layer",
-                 "✓ holds" if appended and full and len(passes) == len(english.steps) else "✗ differs")
+                 Verdict.of(appended and full and len(passes) == len(english.steps)),
+                 numbers={"appended": appended, "full_stack": full, "lengths": lens})
 
 
 def _passes_claim(model: "Model", passes: Sequence[Pass]) -> Claim:
@@ -137,12 +84,12 @@ def _passes_claim(model: "Model", passes: Sequence[Pass]) -> Claim:
     return Claim(SECTION, f"Generating {N} tokens runs {N} complete forward passes",
                  f"{len(passes)} calls to forward for {N} new tokens, {full} of them through all "
                  f"{model.config.n_layer} layers",
-                 "✓ holds" if len(passes) == N and full == N else "✗ differs")
+                 Verdict.of(len(passes) == N and full == N), numbers={"passes": len(passes), "full": full})
 
 
 def _linear_claim(model: "Model", prompt_ids: Sequence[int], new_ids: Sequence[int]) -> Claim:
     config, p = model.config, len(prompt_ids)
-    rerun, cached = round_flops(config, p, N, kv_cache=False), round_flops(config, p, N, kv_cache=True)
+    rerun, cached = cost.round_flops(config, p, N, kv_cache=False), cost.round_flops(config, p, N, kv_cache=True)
     grow_rerun, grow_cached = rerun[-1] / rerun[0], cached[-1] / cached[1]      # last round vs first (decode) round
     # torch's FLOP counter on round N, both ways: the count above is what forward really multiplies.
     last = list(prompt_ids) + list(new_ids[:N - 1])
@@ -153,7 +100,7 @@ def _linear_claim(model: "Model", prompt_ids: Sequence[int], new_ids: Sequence[i
     formula = (cost.matmul_flops(cost.flops_by_stage(config, len(last), last_only=True)),
                cost.matmul_flops(cost.flops_by_stage(config, 1, cached=len(last) - 1, last_only=True)))
     flat_cached, flat_rerun = grow_cached < 1.1, grow_rerun < 1.1          # every round costs about the same
-    verdict = "✓ holds" if flat_cached and flat_rerun else "≈ roughly" if flat_cached else "✗ differs"
+    verdict = Verdict.of(flat_cached, flat_rerun)    # linear with a cache (the point); the article's loop too?
     g = lambda x: f"{x / 1e9:.3g} GFLOPs"                                                     # noqa: E731
     shape = lambda flat: ("every round costs about the same: linear" if flat else           # noqa: E731
                           "the rounds grow with the length, so the total grows with its square")
@@ -162,7 +109,8 @@ def _linear_claim(model: "Model", prompt_ids: Sequence[int], new_ids: Sequence[i
                  f"{g(rerun[0])}, round {N} {g(rerun[-1])} (×{grow_rerun:.3g}), {g(sum(rerun))} in all: "
                  f"{shape(flat_rerun)}. With a KV cache: the prompt {g(cached[0])}, then {g(cached[1])} per round "
                  f"(round {N}: ×{grow_cached:.3g}), {g(sum(cached))} in all: {shape(flat_cached)}. "
-                 f"torch's FLOP counter agrees on round {N}: {'yes' if counted == formula else 'no'}", verdict)
+                 f"torch's FLOP counter agrees on round {N}: {'yes' if counted == formula else 'no'}", verdict,
+                 numbers={"rerun": rerun, "cached": cached, "counted": counted, "formula": formula})
 
 
 def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:

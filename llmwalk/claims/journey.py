@@ -14,16 +14,17 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from .. import cost
-from ..generate import Generation, generate
+from ..analysis import Pass, first_word_round, recorded_passes, timings
+from ..generation import Generation, generate
 from ..journey import journey as run_journey
-from ..report import Claim, Table, table
+from ..report import Claim, Table, Verdict, table
 from ..sampling import probs_after
 from ..tokens import gpt2_tokenizer
 from ..walk import Trace, forward
-from .autoregressive import GEMMA_PROMPT, QUESTION, Pass, recorded_passes
-from .cost import ratio_verdict
+from .autoregressive import GEMMA_PROMPT, QUESTION
+from .cost import _b
 from .sampling import TOP_P
-from .tokenization import DIFFERS, HOLDS, QUESTION_MARKED, ROUGHLY
+from .tokenization import QUESTION_MARKED
 
 if TYPE_CHECKING:
     from ..journey import Journey
@@ -39,31 +40,10 @@ ONE_SECOND = "一秒钟后，屏幕上出现了答案 — a second after Enter t
 FIRST_WORD = "从按下回车到“巴”字出现 — from Enter until 巴 (Paris) appears"
 # notebook 01's three greedy journeys: the sentence SmolLM2 continues, QUESTION in its chat template, GEMMA_PROMPT
 CONTINUE, CONTINUE_TOKENS = "The capital of France is", 8
-QUESTION_TOKENS, GEMMA_ANSWER_TOKENS = 19, 6
+QUESTION_TOKENS, GEMMA_ANSWER_TOKENS = 30, 6   # 30: notebook 01 runs to the end of a clause (，)
 
 
 # ---------------------------------------------------------------- section 一: the one second
-
-def timings(j: "Journey") -> dict[str, float]:
-    """Wall-clock seconds of a journey: the first token stage by stage, and the answer loop (KV cache, greedy).
-
-    These change from run to run and machine to machine: show them in a cell nbval ignores.
-    """
-    steps = j.answer.steps
-    return {"first_token": sum(j.seconds.values()),
-            "answer_first_token": steps[0].seconds,
-            "per_token": sum(s.seconds for s in steps[1:]) / max(len(steps) - 1, 1),
-            "answer": sum(s.seconds for s in steps),
-            "tokens": len(steps)}
-
-
-def first_word_round(model: "Model", g: Generation, word: str) -> int | None:
-    """The round in which `word` is complete in the answer (1 = the first token), None if it never is."""
-    for k in range(1, len(g.new_ids) + 1):
-        if word in model.tokenizer.decode(g.new_ids[:k]):
-            return k
-    return None
-
 
 def one_second_claims(model: "Model", j: "Journey", zh: "Journey | None" = None, gemma: "Model | None" = None,
                       gemma_j: "Journey | None" = None) -> list[Claim]:
@@ -75,7 +55,8 @@ def one_second_claims(model: "Model", j: "Journey", zh: "Journey | None" = None,
     t, c = timings(j), model.config
     first = sum(cost.flops_by_stage(c, len(j.ids), last_only=True).values())
     whole = cost.generation_flops(c, len(j.ids), t["tokens"])
-    when = HOLDS if t["answer"] < 1 else ROUGHLY if t["first_token"] < 1 else DIFFERS
+    # the point: an answer within a second; the detail: all of it (≈ when only the first token makes it)
+    when = Verdict.of(t["first_token"] < 1, t["answer"] < 1)
     return [Claim("一", ONE_SECOND,
                   f"{c.name} on this machine (CPU threads: {torch.get_num_threads()}), {j.prompt!r}: first token "
                   f"{1000 * t['first_token']:.0f} ms; the whole answer, {t['tokens']} tokens, "
@@ -103,8 +84,9 @@ def first_word_claim(model: "Model", j: "Journey", zh: "Journey | None" = None, 
     paris_first = "Paris" in model.tokenizer.decode([j.first_token])
     restated = [g for g in (zh, gemma_j) if g is not None and not g.answer.text.startswith("巴")]
     note = ". Asked the question, the models first restate it: 巴 is not the first thing to appear" if restated else ""
-    verdict = ROUGHLY if paris_first or round_ else DIFFERS
-    return Claim("一", FIRST_WORD, "; ".join(said) + note, verdict)
+    # the point: 巴/Paris comes out of the first rounds; the detail, "first", fails when a model restates the question
+    verdict = Verdict.of(bool(paris_first or round_), False)
+    return Claim("一", FIRST_WORD, "; ".join(said) + note, verdict, numbers={"paris_first": paris_first, "round": round_})
 
 
 def first_word_claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
@@ -144,7 +126,6 @@ def chain_check(model: "Model", trace: Trace, answer: Generation, passes: Sequen
     probs = trace.probs[-1]
     nucleus = probs_after(trace.logits[-1], temperature, top_p=top_p)
     first = answer.new_ids[0]
-    eos = set(c.eos_token_ids) | set(model.tokenizer.eos_token_ids)
     return {
         "tokens": t,
         "embedding": tuple(trace.x0.shape),
@@ -162,7 +143,7 @@ def chain_check(model: "Model", trace: Trace, answer: Generation, passes: Sequen
         "pass_lengths": [len(p.ids) for p in passes],
         "rounds": len(answer.steps),
         "stopped": answer.stopped,
-        "ends_with_eos": answer.stopped == "eos" and answer.new_ids[-1] in eos,
+        "ends_with_eos": answer.stopped == "eos" and answer.new_ids[-1] in model.eos_ids,
     }
 
 
@@ -186,10 +167,10 @@ def chain_table(model: "Model", check: dict) -> Table:
     return table(rows, ("link", "measured"), f"the article's chain, link by link: {chain_verdict(check)}")
 
 
-def chain_verdict(check: dict) -> str:
-    """✓ when every link holds and the answer stops at the end token by itself; else ✗."""
+def chain_verdict(check: dict) -> Verdict:
+    """The point: every link holds and the answer stops at the end token by itself."""
     links = ("layer_shapes_kept", "first_in_nucleus", "same_first_pass", "appended", "full_stack", "ends_with_eos")
-    return HOLDS if all(check[k] for k in links) and abs(check["softmax_sum"] - 1) < 1e-4 else DIFFERS
+    return Verdict.of(all(check[k] for k in links) and abs(check["softmax_sum"] - 1) < 1e-4)
 
 
 def _chain_claim(model: "Model", gemma: "Model | None") -> Claim:
@@ -212,24 +193,21 @@ def _chain_claim(model: "Model", gemma: "Model | None") -> Claim:
                  f"{'then its end token' if g.stopped == 'eos' else f'and no end token in {GEMMA_TOKENS} rounds'}: "
                  f"only a model trained to say [EOS] stops by itself; the others stop at max_new_tokens")
     return Claim(SECTION, "Input → Token 化 → Embedding → N × (Attention/FFN) → LM Head → Softmax → "
-                 "Top-P 采样 → output token → append → repeat … until [EOS]", text, chain_verdict(k))
+                 "Top-P 采样 → output token → append → repeat … until [EOS]", text, chain_verdict(k), numbers=k)
 
 
 # ---------------------------------------------------------------- 9 in, 50 out, 18 billion FLOPs
 
 def budget(config, prompt_len: int = PROMPT_LEN, new_tokens: int = NEW_TOKENS) -> dict[str, int]:
-    """FLOPs of one answer (cost.py's count) with and without a KV cache, and the article's rule (N × 3 × params)."""
-    return {"kv_cache": cost.generation_flops(config, prompt_len, new_tokens, kv_cache=True),
-            "no_cache": cost.generation_flops(config, prompt_len, new_tokens, kv_cache=False),
-            "article_rule": new_tokens * 3 * cost.n_params(config)}
-
-
-def _b(x: float) -> str:
-    return f"{x / 1e9:.4g} B"
+    """The three totals of one answer that the table shows, from cost.article_estimate: with a KV cache, without,
+    and the article's rule (N × 3 × params)."""
+    e = cost.article_estimate(config, prompt_len, new_tokens)
+    return {"kv_cache": e["flops_answer_kv_cache"], "no_cache": e["flops_answer_no_cache"],
+            "article_rule": e["article_flops_answer"]}
 
 
 def _budget_claim(model: "Model") -> Claim:
-    gpt2 = model.config if model.config.family == "gpt2" and model.config.d_model == 768 else cost.gpt2_config()
+    gpt2 = cost.gpt2_small(model)
     g, m = budget(gpt2), budget(model.config)
     n_question = len(gpt2_tokenizer().encode(QUESTION_MARKED))
     return Claim(SECTION, f"{PROMPT_LEN} input tokens, {NEW_TOKENS} output tokens: about 180 亿 (18 B) FLOPs "
@@ -240,7 +218,7 @@ def _budget_claim(model: "Model") -> Claim:
                  f"{NEW_TOKENS} × 3 × {cost.n_params(gpt2) / 1e6:.1f} M parameters gives {_b(g['article_rule'])}. "
                  f"{model.config.name}, same lengths: {_b(m['kv_cache'])} with a cache, {_b(m['no_cache'])} without. "
                  f"GPT-2 cuts {QUESTION_MARKED} into {n_question} tokens; and a token is not a word (section 二)",
-                 ratio_verdict(g["kv_cache"], ARTICLE_FLOPS))
+                 Verdict.of_number(g["kv_cache"], ARTICLE_FLOPS), numbers={"gpt2": g, "model": m}, said=ARTICLE_FLOPS)
 
 
 def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:

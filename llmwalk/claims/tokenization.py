@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..cost import flops_by_stage, gpt2_config
 from ..kv_cache import kv_cache_bytes
-from ..report import Claim, Table, table
+from ..report import Claim, Table, Verdict, table
 from ..tokens import Tokenizer, gpt2_tokenizer
 
 SECTION = "二"
@@ -22,8 +22,6 @@ ARTICLE_IDS = {                          # the article's "tokenizer output"
     "ChatGPT": [203, 1372, 1273, 164, 58],
 }
 ARTICLE_QUESTION_TOKENS = 9              # "法国的首都是什么切成 9 个 Token，标点也占一个"
-
-HOLDS, DIFFERS, ROUGHLY, UNCHECKABLE = "✓ holds", "✗ differs", "≈ roughly", "— not checkable here"
 
 
 def visible(tokenizer: Tokenizer, ids) -> str:
@@ -53,14 +51,12 @@ def _ids_claim(article_text: str, gpt2: Tokenizer, others: dict[str, Tokenizer],
     """'text → [article ids]': the real GPT-2 ids, what the article's ids decode to, other tokenizers' counts."""
     said = ARTICLE_IDS[article_text]
     real = gpt2.encode(article_text)
-    if real == said:
-        verdict = HOLDS
-    else:
-        verdict = ROUGHLY if len(real) == len(said) else DIFFERS
     elsewhere = "".join(f"; {name}: {len(tok.text_ids(article_text))}" for name, tok in others.items())
     return Claim(SECTION, f"{article_text} → {said} ({len(said)} token{'s' * (len(said) > 1)}){note}",
                  f"GPT-2: {real} ({len(real)} tokens{elsewhere}); "
-                 f"in GPT-2 the article's ids are '{visible(gpt2, said)}'", verdict)
+                 f"in GPT-2 the article's ids are '{visible(gpt2, said)}'",
+                 Verdict.of(len(real) == len(said), real == said),        # the point: the count; the detail: the ids
+                 numbers={"gpt2_ids": real, "article_ids": said})
 
 
 def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
@@ -74,7 +70,8 @@ def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
     elsewhere = "".join(f"; {name}: {len(tok.text_ids(QUESTION_MARKED))}" for name, tok in others.items())
     rows.append(Claim(SECTION, f"{QUESTION_MARKED} is cut into {ARTICLE_QUESTION_TOKENS} tokens; punctuation takes one",
                       f"GPT-2: {n} tokens, '？' alone takes {mark}{elsewhere}",
-                      HOLDS if n == ARTICLE_QUESTION_TOKENS and mark == 1 else DIFFERS))
+                      Verdict.of(n == ARTICLE_QUESTION_TOKENS, mark == 1),
+                      numbers={"tokens": n, "question_mark_tokens": mark}, said=ARTICLE_QUESTION_TOKENS))
 
     rows += [_ids_claim("巴黎", gpt2, others), _ids_claim("首都", gpt2, others),
              _ids_claim("人工智", gpt2, others, note=", 'not seen in training'"),
@@ -87,7 +84,7 @@ def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
     elsewhere = "".join("; {}: {} vs {}".format(name, *pair(tok)) for name, tok in others.items())
     rows.append(Claim(SECTION, "English is cut finer (than Chinese)",
                       f"the same question, English vs Chinese tokens — GPT-2: {en} vs {zh}{elsewhere}",
-                      HOLDS if en > zh else DIFFERS))
+                      Verdict.of(en > zh), numbers={"english": en, "chinese": zh}))
 
     # "Token 越少，计算越快，内存占用越低"
     short, long = sorted([forward_cost(en), forward_cost(zh)], key=lambda c: c["tokens"])
@@ -96,9 +93,9 @@ def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
                       f"GPT-2 small, one forward pass: {short['tokens']} tokens {short['flops'] / 1e9:.3g} GFLOPs, "
                       f"KV cache {short['kv_cache_bytes'] / 1e3:.4g} kB; {long['tokens']} tokens "
                       f"{long['flops'] / 1e9:.3g} GFLOPs, {long['kv_cache_bytes'] / 1e3:.4g} kB",
-                      HOLDS if grows else DIFFERS))
+                      Verdict.of(grows), numbers={"short": short, "long": long}))
 
     rows.append(Claim(SECTION, "GPT-4 Turbo grew its window from 32K to 128K tokens, partly for token-dense code and maths",
                       "GPT-4 Turbo is not available offline, and why OpenAI sized its window is not in any weights",
-                      UNCHECKABLE))
+                      Verdict.UNCHECKABLE))
     return rows

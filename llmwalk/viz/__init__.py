@@ -4,16 +4,18 @@ Every plot function returns a matplotlib Figure (made outside pyplot: a notebook
 close). The only part of llmwalk that imports matplotlib and ipywidgets.
 """
 from . import _draw
-from .attention import attention_heads, attention_heatmap, mask_plot
-from .cost import error_histogram, flops_bars, memory_bars, speculative_timeline, stage_timeline, time_per_token
+from .attention import (attention_heads, attention_heatmap, attention_step, attention_step_widget,
+                        last_token_attention, mask_and_attention, mask_plot)
+from .cost import (error_histogram, flops_bars, memory_bars, pass_cost, speculative_timeline, stage_timeline,
+                   time_per_token)
 from .embedding import order_demo, position_table, rope_frequencies, similarity_matrix, vector_strips
 from .fonts import use_cjk_font
 from .generation import generation_figure, generation_table
 from .journey import journey_diagram
-from .layers import ffn_widths, norm_stats, residual_norms
+from .layers import ablation_sweep, ffn_widths, intervention_bars, norm_stats, patching_heatmap, residual_norms
 from .lens import logit_lens_grid, logit_lens_top, token_rank
 from .sampling import prob_bars, sample_histogram, sampling_panel, surgery_plot
-from .tokens import token_chips, token_chips_compare
+from .tokens import piece_labels, token_chips, token_chips_compare
 from .widgets import (PlotWidget, attention_widget, cost_widget, generation_widget, logit_lens_widget,
                       next_token_widget, png, sampling_widget, similarity_widget, token_chips_widget)
 

@@ -103,3 +103,32 @@ def stage_timeline(seconds: dict[str, float], title: str = "one pass, stage by s
     ax.set(xlabel="milliseconds", title=f"{title}: {1000 * start:.1f} ms in all", xlim=(0, 1000 * start * 1.15 or 1))
     ax.spines[["top", "right"]].set_visible(False)
     return fig
+
+
+def pass_cost(tokens: Sequence[int], flops: Sequence[float], bytes_read: Sequence[float],
+              seconds: Sequence[float] | None = None) -> Figure:
+    """One forward pass over 1, 2, 4, … tokens: the FLOPs it computes and the bytes it reads (log-log), and with
+    `seconds` its measured time, per pass and per token. Flat time while the FLOPs grow: reading, not computing,
+    is the limit (memory-bound)."""
+    fig = new_figure(11 if seconds is not None else 6, 3.8)
+    axes = fig.subplots(1, 2 if seconds is not None else 1, squeeze=False)[0]
+    ax = axes[0]
+    ax.plot(tokens, flops, "o-", color=KEPT, label="FLOPs computed")
+    ax.plot(tokens, bytes_read, "s-", color="#e45756", label="bytes read (weights + KV cache)")
+    ax.set(xscale="log", yscale="log", xlabel="tokens in one forward pass", ylabel="per pass",
+           title="one pass: work vs memory traffic")
+    ax.set_xticks(tokens, [str(t) for t in tokens])
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3, which="both")
+    if seconds is not None:
+        ms = 1000 * np.asarray(seconds, dtype=float)
+        right = axes[1]
+        right.plot(tokens, ms, "o-", color=KEPT, label="ms per pass")
+        right.plot(tokens, ms / np.asarray(tokens), "s-", color="#e45756", label="ms per token")
+        right.set(xscale="log", xlabel="tokens in one forward pass", ylabel="ms", ylim=(0, None),
+                  title="measured on this machine")
+        right.set_xticks(tokens, [str(t) for t in tokens])
+        right.legend(fontsize=8, loc="upper left")
+        right.grid(alpha=0.3)
+    return fig

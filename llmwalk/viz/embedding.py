@@ -98,13 +98,12 @@ def order_demo(trace_a, trace_b, labels_a: Sequence[str], labels_b: Sequence[str
     # each token against itself in the other sentence
     sims = np.array([np.diag(cosine(a[order_a], b[order_b])) for _, a, b in stages])     # [stages, T]
     x = np.arange(len(stages))
-    right.bar(x, sims.mean(1), color=["#888"] * (len(stages) - len(trace_a.layers)) + ["#4c78a8"] * len(trace_a.layers),
-              label="mean over tokens")
+    right.bar(x, sims.mean(1), color="#4c78a8", label="mean over tokens")
     right.plot(x, sims.min(1), "v", color="#e45756", label="least similar token")
     right.set_xticks(x, [s for s, _, _ in stages], rotation=90, fontsize=8)
     right.set(xlabel="after layer", ylabel="cosine similarity", ylim=(min(0, sims.min()) - 0.05, 1.05),
               title="each token against the same token in the other order")
     right.axhline(1, color="#888", lw=0.8, ls=":")
-    right.legend(fontsize=8, loc="lower left")
+    right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))       # beside the bars, not on them
     right.spines[["top", "right"]].set_visible(False)
     return fig

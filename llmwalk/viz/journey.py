@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ._draw import CHIP_COLORS, CHOSEN, show_piece, text_width
@@ -46,24 +47,58 @@ def _loop_label(j: "Journey") -> str:
     return f"加回输入 → 重复: rounds 2–{len(steps)} run {run} … {end}"
 
 
-def journey_diagram(j: "Journey") -> Figure:
-    """The article's chain as boxes with this journey's stages and shapes, and the loop arrow of the later rounds."""
-    boxes, gap = _boxes(j), 2.2
+def _rows(widths: list[float], gap: float, max_width: float) -> list[list[int]]:
+    """Box indices per row: 输入 and Token 化 alone, so the loop can enter Embedding from the left; then as many
+    boxes as fit in max_width em."""
+    rows, row = [[0, 1]], []
+    for i in range(2, len(widths)):
+        if row and sum(widths[k] for k in row) + gap * len(row) + widths[i] > max_width:
+            rows.append(row)
+            row = []
+        row.append(i)
+    return rows + [row]
+
+
+def journey_diagram(j: "Journey", width: float = 64) -> Figure:
+    """The article's chain as boxes with this journey's stages and shapes, wrapped into rows of at most `width` em
+    (64 em of 10 pt is about 900 px), and the loop arrow of the later rounds back into the Embedding box."""
+    boxes, gap, pitch = _boxes(j), 2.2, 5.0                   # em: between boxes, between rows
     widths = [max(text_width(name), text_width(note)) + 1.2 for name, note, _ in boxes]
-    centres, x = [], 0.5
-    for w in widths:
-        centres.append(x + w / 2)
-        x += w + gap
-    width, height = x - gap + 0.5, 9
+    rows, left = _rows(widths, gap, width - 3), 2.5          # room on the left for the loop arrow
+    centre, y = {}, {}
+    for r, row in enumerate(rows):
+        x = left
+        for i in row:
+            centre[i], y[i] = x + widths[i] / 2, -r * pitch
+            x += widths[i] + gap
+    bottom = -(len(rows) - 1) * pitch - 3.2                  # the loop runs under the last row
+    height = 3.5 - bottom + 2.2
     fig = Figure(figsize=(width * FONT / 72, height * FONT / 72))     # no layout engine: one axes, placed by hand
-    ax = fig.add_axes((0, 0, 1, 1), xlim=(0, width), ylim=(-5.5, 3.5), frame_on=False, xticks=[], yticks=[])
+    ax = fig.add_axes((0, 0, 1, 1), xlim=(0, width), ylim=(bottom - 2.2, 3.5), frame_on=False, xticks=[], yticks=[])
     ax.text(0.5, 2.3, f"round 1: the first token, {len(j.ids)} tokens in", fontsize=FONT * 0.9, color="#555")
-    before = None
-    for (name, note, colour), cx in zip(boxes, centres):      # a box per stage, an arrow from the box before it
-        before = ax.annotate(f"{name}\n{note}", (1, 0.5), (cx, 0), before or "data", "data", ha="center",
-                             va="center", fontsize=FONT, bbox=dict(boxstyle="round", fc=colour, ec="none"),
-                             arrowprops=before and dict(arrowstyle="<-"))
-    ax.annotate("", (centres[2], -1.6), (centres[-1], -1.6), arrowprops=dict(
-        arrowstyle="->", connectionstyle=f"bar,fraction={-1.6 / (centres[-1] - centres[2])}", color=CHOSEN))
-    ax.text(width / 2, -4.4, _loop_label(j), ha="center", va="center", fontsize=FONT, color=CHOSEN)
+    texts = [ax.text(centre[i], y[i], f"{name}\n{note}", ha="center", va="center", fontsize=FONT,
+                     bbox=dict(boxstyle="round", fc=colour, ec="none")) for i, (name, note, colour) in enumerate(boxes)]
+    to_data, renderer = ax.transData.inverted(), FigureCanvasAgg(fig).get_renderer()
+    for t in texts:                                          # place each box's patch around its text now
+        t.update_bbox_position_size(renderer)
+    edges = [to_data.transform(t.get_bbox_patch().get_window_extent(renderer)) for t in texts]  # [[x0, y0], [x1, y1]]
+    for a in range(len(boxes) - 1):                          # an arrow to the next box, bent down to a new row
+        b = a + 1
+        if y[a] == y[b]:
+            path = [(edges[a][1][0], y[a]), (edges[b][0][0], y[b])]
+        else:
+            mid = (edges[a][0][1] + edges[b][1][1]) / 2
+            path = [(centre[a], edges[a][0][1]), (centre[a], mid), (centre[b], mid), (centre[b], edges[b][1][1])]
+        _arrow(ax, path, "black")
+    target, last = 2, len(boxes) - 1                         # the loop: 输出词 → back into Embedding, from the left
+    _arrow(ax, [(centre[last], edges[last][0][1]), (centre[last], bottom), (0.8, bottom), (0.8, y[target]),
+                (edges[target][0][0], y[target])], CHOSEN)
+    ax.text(width / 2, bottom - 0.5, _loop_label(j), ha="center", va="top", fontsize=FONT, color=CHOSEN)
     return fig
+
+
+def _arrow(ax, path: list[tuple[float, float]], colour: str) -> None:
+    """A polyline through `path` (data coordinates, em) with an arrow head at its end."""
+    xs, ys = zip(*path)
+    ax.plot(xs[:-1], ys[:-1], color=colour, lw=1)
+    ax.annotate("", path[-1], path[-2], arrowprops=dict(arrowstyle="->", color=colour, shrinkA=0, shrinkB=1))

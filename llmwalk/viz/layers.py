@@ -7,7 +7,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
 from ..weights import Config
-from ._draw import CHIP_COLORS, labels, new_figure
+from ._draw import CHIP_COLORS, heatmap, labels, new_figure, show_piece
 
 
 def residual_norms(trace, tokenizer) -> Figure:
@@ -16,11 +16,21 @@ def residual_norms(trace, tokenizer) -> Figure:
     fig = new_figure(9, 4)
     ax = fig.subplots()
     for name, column in zip(labels(tokenizer, trace.ids), norms.T):
-        ax.plot(column, marker=".", label=name)
-    ax.set(yscale="log", xlabel="layer (0 = embedding)", ylabel="‖x‖", title="residual stream norm, layer by layer")
+        ax.plot(np.arange(-1, len(column) - 1), column, marker=".", label=name)
+    resid_axis(ax, len(norms) - 1)
+    ax.set(yscale="log", ylabel="‖x‖", title="residual stream norm, layer by layer")
     ax.legend(fontsize=8, ncols=max(1, len(norms.T) // 16 + 1), loc="center left", bbox_to_anchor=(1, 0.5))
     ax.grid(alpha=0.3)
     return fig
+
+
+def resid_axis(ax, n_layer: int) -> None:
+    """The x axis of a plot over the residual stream, x = -1 .. n_layer - 1: "emb" (what enters layer 0), then
+    after layer 0, 1, … (layers are numbered from 0, as trace.layers[i])."""
+    step = max(1, round(n_layer / 10))
+    ticks = [-1] + list(range(0, n_layer - step // 2, step)) + [n_layer - 1]
+    ax.set_xticks(ticks, ["emb"] + [str(i) for i in ticks[1:]])
+    ax.set_xlabel("residual stream after layer … (emb = the embedding, before layer 0)")
 
 
 def norm_stats(trace) -> Figure:
@@ -69,4 +79,63 @@ def ffn_widths(*configs: Config) -> Figure:
             ax.annotate("", (centre, y - 0.36), (centre, y - 0.02), arrowprops=dict(arrowstyle="->", color="#555"))
         ax.text(centre, 2.85, f"{c.name} ({c.ffn})\n{params / 1e6:.2f} M parameters per FFN", ha="center", va="center",
                 fontsize=10)
+    return fig
+
+
+def intervention_bars(effects: dict, tokenizer, tokens) -> Figure:
+    """P(each token) next, with no intervention (top) and under each one: one row per intervention.
+
+    `effects` maps a name to [P(token) for token in tokens] (interventions.effects).
+    """
+    names = list(effects)
+    probs = np.array([[float(p) for p in effects[n]] for n in names])             # [interventions, tokens]
+    words = [show_piece(p) for p in tokenizer.pieces(list(tokens))]
+    y = np.arange(len(names))
+    fig = new_figure(9, 1.0 + 0.36 * len(names))
+    ax = fig.subplots()
+    height = 0.8 / len(words)
+    for k, (word, color) in enumerate(zip(words, ("#4c78a8", "#e45756", "#54a24b", "#b279a2"))):
+        ax.barh(y + (k - (len(words) - 1) / 2) * height, probs[:, k], height, color=color, label=f"P(“{word}”)")
+        for j, p in enumerate(probs[:, k]):
+            ax.text(p, y[j] + (k - (len(words) - 1) / 2) * height, f" {p:.2f}", va="center", fontsize=7)
+    ax.set_yticks(y, names)
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    ax.axhline(0.5, color="#888", lw=0.8)
+    ax.set(xlim=(0, 1.08), xlabel="probability of the next token")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def patching_heatmap(grid, tokenizer, ids, token, source: str) -> Figure:
+    """P(token) when the residual stream entering one layer (rows) at one position (columns) comes from `source`.
+
+    # grid [n_layer + 1, T] (interventions.patching_grid)
+    """
+    word = show_piece(tokenizer.pieces([token])[0])
+    rows = [f"into layer {i}" for i in range(len(grid) - 1)] + ["after the last"]
+    fig = new_figure(2.6 + 0.75 * grid.shape[1], 1.0 + 0.16 * len(grid))
+    ax = fig.subplots()
+    heatmap(ax, grid.numpy(), labels(tokenizer, ids), rows, cmap="Reds", vmin=0, vmax=1,
+            colorbar=f"P(“{word}”) next")
+    ax.xaxis.tick_top()
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_title(f"patched from {source!r}", fontsize=10)
+    return fig
+
+
+def ablation_sweep(sweeps: dict, base: float, word: str) -> Figure:
+    """P(word) when one layer's part is removed, for every layer: one line per part (e.g. attention, FFN).
+
+    # sweeps {name: [n_layer]}; base: P(word) with nothing removed
+    """
+    fig = new_figure(9, 3.4)
+    ax = fig.subplots()
+    for (name, probs), color in zip(sweeps.items(), ("#4c78a8", "#e45756", "#54a24b")):
+        ax.plot(np.arange(len(probs)), np.asarray(probs, dtype=float), marker="o", ms=4, color=color,
+                label=f"{name} of that layer removed")
+    ax.axhline(base, color="#555", ls="--", lw=1, label="nothing removed")
+    ax.set(xlabel="layer (from 0)", ylabel=f"P(“{word}”) next", ylim=(0, 1), xlim=(-0.5, len(probs) - 0.5))
+    ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.01), ncols=3, frameon=False)
+    ax.grid(alpha=0.3)
     return fig

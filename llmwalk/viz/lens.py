@@ -4,10 +4,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import FuncFormatter
 
 from ..head import logit_lens
 from ._draw import cell_text, heatmap, labels, new_figure, show_piece
+from .layers import resid_axis
 
 
 def lens_logits(trace, model, position: int | None = None) -> torch.Tensor:
@@ -21,7 +22,7 @@ def _text_grid(top_probs: torch.Tensor, top_ids: torch.Tensor, tokenizer, column
     rows, cols = top_probs.shape
     fig = new_figure(1.6 + 0.8 * cols, 0.8 + 0.2 * rows)
     ax = fig.subplots()
-    layers = ["embedding"] + [f"layer {i}" for i in range(1, rows)]
+    layers = ["embedding"] + [f"after layer {i}" for i in range(rows - 1)]
     im = heatmap(ax, top_probs.numpy(), columns, layers, cmap="Blues", vmin=0, vmax=1, colorbar="probability")
     texts = [[show_piece(p, 8) for p in tokenizer.pieces(row)] for row in top_ids.tolist()]
     cell_text(ax, im, texts, fontsize=7)
@@ -53,15 +54,15 @@ def token_rank(trace, model, token: int | str, position: int = -1) -> Figure:
     logits = lens_logits(trace, model, position)                       # [n_layer + 1, vocab]
     rank = (logits > logits[:, token:token + 1]).sum(-1).numpy() + 1
     prob = torch.softmax(logits, dim=-1)[:, token].numpy()
-    layers = np.arange(len(rank))
+    layers = np.arange(-1, len(rank) - 1)                             # -1: the embedding, i: after layer i
     fig = new_figure(9, 3.8)
     ax = fig.subplots()
     ax.semilogy(layers, rank, marker="o", color="#4c78a8")
     ax.set_ylim(rank.max() * 2, 0.7)                                   # rank 1 on top
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     word = show_piece(model.tokenizer.pieces([token])[0])
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))            # layers are whole numbers: no 2.5
-    ax.set(xlabel="layer (0 = embedding)", title=f"“{word}” after each layer")
+    resid_axis(ax, len(rank) - 1)
+    ax.set(title=f"“{word}” after each layer")
     ax.grid(alpha=0.3)
     right = ax.twinx()
     right.plot(layers, prob, marker=".", color="#e45756")

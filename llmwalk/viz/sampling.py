@@ -47,37 +47,49 @@ def _settings(temperature, top_k=None, top_p=None, min_p=None) -> str:
     return ", ".join(parts)
 
 
-def _prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min_p, n: int, chosen: int | None,
-               title: str | None) -> None:
-    """Bars of the ÷T distribution's top n, removed tokens grey, cumulative mass line and the cuts marked."""
-    scaled = logits.float() / (temperature or 1.0)            # greedy (T = 0) shows the T = 1 distribution
-    probs = scaled.softmax(-1)
-    kept, left = _cuts(logits, temperature, top_k, top_p, min_p)
-    top = probs.topk(min(n, len(probs)))
-    ids = top.indices.tolist()
-    colors = [CHOSEN if i == chosen else KEPT if kept[i] else REMOVED for i in ids]
-    token_bars(ax, labels(tokenizer, ids), top.values.numpy(), colors)
+def _prob_bars(ax, logits: Tensor, tokenizer, n: int) -> None:
+    """The artists of prob_bars, drawn once for the n most likely tokens; _set_prob_bars fills them in."""
+    ids = logits.topk(min(n, len(logits))).indices        # ÷T keeps the order: the same tokens at every temperature
+    token_bars(ax, labels(tokenizer, ids), np.zeros(len(ids)), KEPT)
     _values_at_right(ax)
-    after_k = bool(top_k and temperature)                     # top-p adds up what top-k left, renormalized
-    seen = top_k_filter(scaled, top_k).softmax(-1) if after_k else probs
-    line, = ax.plot(seen[ids].cumsum(0).numpy(), range(len(ids)), color="#f58518", marker=".", lw=1,
-                    label="cumulative" + (" after top-k" if after_k else ""))
+    ax.plot(np.zeros(len(ids)), range(len(ids)), color="#f58518", marker=".", lw=1, label="cumulative")
+    ax.set_xlim(0, 1.05)
+    _legend_below(ax, [ax.containers[0], ax.lines[0]], ["bars", "line"])
+
+
+def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min_p, chosen: int | None,
+                   title: str | None) -> None:
+    """Bars of the ÷T distribution's top n, removed tokens grey, their running total, the cuts marked."""
+    for artist in [a for a in (*ax.lines, *ax.texts) if a.get_gid() == "cut"]:
+        artist.remove()                                         # the previous settings' cut marks
+    probs = (logits.float() / (temperature or 1.0)).softmax(-1)  # greedy (T = 0) shows the T = 1 distribution
+    kept, left = _cuts(logits, temperature, top_k, top_p, min_p)
+    ids = logits.topk(len(ax.patches)).indices.tolist()
+    values = probs[ids].numpy()
+    ax.set_yticks(range(len(ids)), labels(tokenizer, ids))     # new logits (the next round) lead with other tokens
+    for bar, text, value, i in zip(ax.patches, ax.texts, values, ids):
+        bar.set_width(value)
+        bar.set_facecolor(CHOSEN if i == chosen else KEPT if kept[i] else REMOVED)
+        text.set_text(f" {value:.3f}")
+    ax.lines[0].set_xdata(values.cumsum())
     marks: dict[int, list[str]] = {}
     for name, count in left.items():
         marks.setdefault(count, []).append(name)
     for count, names in marks.items():
         if count < len(ids):
-            ax.axhline(count - 0.5, color="#222", ls="--", lw=1)
-            ax.text(0.55, count - 0.5, "✂ " + " · ".join(names), ha="center", va="center", fontsize=8,
+            ax.axhline(count - 0.5, color="#222", ls="--", lw=1, gid="cut")
+            ax.text(0.55, count - 0.5, "✂ " + " · ".join(names), ha="center", va="center", fontsize=8, gid="cut",
                     transform=ax.get_yaxis_transform(), bbox=dict(fc="white", ec="#222", boxstyle="round"))
     t = f"{temperature or 1:g}"
     cuts = " · ".join(f"{name} keeps {count:,}" for name, count in left.items()) or "no cut"
-    ax.set(xlim=(0, 1.05), xlabel=f"probability at T = {t}   ({cuts})",
-           title=title or f"{int(kept.sum())} of {len(kept)} tokens kept")
+    ax.set(xlabel=f"probability at T = {t}   ({cuts})", title=title or f"{int(kept.sum())} of {len(kept)} tokens kept")
     bars = f"bars: probability at T = {t}" + (", before the cuts (grey: cut)" if left else "") + "; value at right"
-    total = ("line: running total after top-k, i.e. of top-k's survivors renormalized (top-p cuts where it reaches p)"
-             if after_k else "line: running total of the bars" + (" (top-p cuts where it reaches p)" if top_p else ""))
-    _legend_below(ax, [ax.containers[0], line], [bars, total])
+    if top_k and top_p and temperature:     # top-p adds up top-k's survivors renormalized: p of their mass
+        total = "line: running total of the bars (top-p cuts where it reaches p × the mass top-k kept)"
+    else:
+        total = "line: running total of the bars" + (" (top-p cuts where it reaches p)" if top_p else "")
+    for legend_text, text in zip(ax.get_legend().get_texts(), (bars, total)):
+        legend_text.set_text(text)
 
 
 def prob_bars(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,
@@ -85,37 +97,64 @@ def prob_bars(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | 
               title: str | None = None) -> Figure:
     """The n most likely next tokens: kept blue, cut grey, `chosen` red, each cut a dashed line.  # [vocab]"""
     fig = new_figure(7, 1.2 + 0.28 * n)
-    ax = fig.subplots()
-    _prob_bars(ax, logits, tokenizer, temperature, top_k, top_p, min_p, n, chosen, title)
+    _prob_bars(fig.subplots(), logits, tokenizer, n)
+    update_prob_bars(fig, logits, tokenizer, temperature, top_k, top_p, min_p, chosen, title)
     return fig
 
 
-def _surgery(axes, logits: Tensor, tokenizer, temperature: float, top_k, top_p, n: int) -> None:
-    """One subplot per stage of sampling.surgery, the same n tokens in each."""
-    steps = surgery(logits, temperature, top_k, top_p)
-    ids = logits.topk(min(n, len(logits))).indices       # ÷T keeps the order: the same tokens lead at every stage
+def update_prob_bars(fig: Figure, logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,
+                     top_p: float | None = None, min_p: float | None = None, chosen: int | None = None,
+                     title: str | None = None) -> None:
+    """Redraw a prob_bars figure in place for other logits or settings (the same number of bars).  # [vocab]"""
+    _set_prob_bars(fig.axes[0], logits, tokenizer, temperature, top_k, top_p, min_p, chosen, title)
+
+
+def _surgery(axes, logits: Tensor, tokenizer, n: int) -> None:
+    """The artists of surgery_plot, one subplot per stage, the same n tokens in each; _set_surgery fills them in."""
+    ids = logits.topk(min(n, len(logits))).indices        # ÷T keeps the order: the same tokens lead at every stage
     names = labels(tokenizer, ids)
-    for k, (ax, step) in enumerate(zip(axes, steps)):
-        values = (step.logits if k < 2 else step.probs)[ids].float().numpy()
-        cut = ~np.isfinite(step.logits[ids].numpy())
-        token_bars(ax, names, np.where(cut, np.nan, values), KEPT, ("{:.2f}" if k < 2 else "{:.3f}").format)
-        for y in np.flatnonzero(cut):
-            ax.text(0, y, " ✂ cut", va="center", fontsize=8, color="#888")
-        if k >= 2:
-            ax.set_xlim(0, 1.2)
-        ax.set_title(f"{step.name}\nkept {step.kept} · removed {step.removed_mass:.1%}\n"
-                     f"entropy {step.entropy:.2f} nats", fontsize=9)
+    for k, ax in enumerate(axes):
+        token_bars(ax, names, np.zeros(len(ids)), KEPT)
+        for y in range(len(ids)):
+            ax.text(0, y, " ✂ cut", va="center", fontsize=8, color="#888", visible=False)
         ax.set_xlabel("logit" if k < 2 else "probability", fontsize=8)
         ax.tick_params(labelsize=8)
         if k:
             ax.set_yticklabels([])
 
 
+def _set_surgery(axes, logits: Tensor, temperature: float, top_k, top_p) -> None:
+    """Bars of each stage of sampling.surgery: logits, ÷T, then probabilities on one shared scale."""
+    steps = surgery(logits, temperature, top_k, top_p)
+    n = len(axes[0].patches)
+    ids = logits.topk(n).indices
+    shown = [np.where(np.isfinite(step.logits[ids].numpy()), (step.logits if k < 2 else step.probs)[ids].float()
+                      .numpy(), np.nan) for k, step in enumerate(steps)]
+    top_prob = max(np.nanmax(v, initial=0) for v in shown[2:])
+    for k, (ax, step, values) in enumerate(zip(axes, steps, shown)):
+        fmt = "{:.2f}" if k < 2 else "{:.3f}"
+        for bar, text, cut, v in zip(ax.patches, ax.texts[:n], ax.texts[n:], values):
+            finite = bool(np.isfinite(v))
+            bar.set_width(v if finite else 0)
+            text.set(x=v if finite else 0, text=" " + fmt.format(v), visible=finite,
+                     horizontalalignment="left" if not finite or v >= 0 else "right")
+            cut.set_visible(not finite)
+        if k < 2:                         # the bars, and 20% of their span on each side for the values
+            lo, hi = min(0.0, np.nanmin(values)), max(0.0, np.nanmax(values))
+            ax.set_xlim(lo - 0.2 * (hi - lo) * (lo < 0), hi + 0.2 * (hi - lo) * (hi > 0))
+        else:                             # one scale for the three probability stages, room for the values
+            ax.set_xlim(0, top_prob * 1.35)
+        ax.set_title(f"{step.name}\nkept {step.kept} · removed {step.removed_mass:.1%}\n"
+                     f"entropy {step.entropy:.2f} nats", fontsize=9)
+
+
 def surgery_plot(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float | None = None, n: int = 10) -> Figure:
     """The stages logits → ÷T → softmax → top-k → top-p side by side, removed mass and entropy.  # [vocab]"""
     fig = new_figure(14, 1.6 + 0.3 * n)
-    _surgery(fig.subplots(1, 5), logits, tokenizer, temperature, top_k, top_p, n)
+    axes = fig.subplots(1, 5)
+    _surgery(axes, logits, tokenizer, n)
+    _set_surgery(axes, logits, temperature, top_k, top_p)
     return fig
 
 
@@ -124,9 +163,17 @@ def sampling_panel(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: i
     """prob_bars above surgery_plot for the same settings (what sampling_widget shows).  # [vocab]"""
     fig = new_figure(14, 2.6 + 0.56 * n)
     grid = fig.add_gridspec(2, 5)
-    _prob_bars(fig.add_subplot(grid[0, 1:4]), logits, tokenizer, temperature, top_k, top_p, min_p, n, None, None)
-    _surgery([fig.add_subplot(grid[1, i]) for i in range(5)], logits, tokenizer, temperature, top_k, top_p, n)
+    _prob_bars(fig.add_subplot(grid[0, 1:4]), logits, tokenizer, n)
+    _surgery([fig.add_subplot(grid[1, i]) for i in range(5)], logits, tokenizer, n)
+    update_sampling_panel(fig, logits, tokenizer, temperature, top_k, top_p, min_p)
     return fig
+
+
+def update_sampling_panel(fig: Figure, logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,
+                          top_p: float | None = None, min_p: float | None = None) -> None:
+    """Redraw a sampling_panel figure in place for other settings: bar lengths, colours, texts, cut marks.  # [vocab]"""
+    _set_prob_bars(fig.axes[0], logits, tokenizer, temperature, top_k, top_p, min_p, None, None)
+    _set_surgery(fig.axes[1:6], logits, temperature, top_k, top_p)
 
 
 def sample_histogram(logits: Tensor, tokenizer, n_samples: int = 1000, temperature: float = 1.0,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
-from ._draw import CHIP_COLORS, Chip, chip_figure
+from ._draw import CHIP_COLORS, Chip, chip_figure, show_piece
 
 
 def chips(tokenizer, ids) -> list[Chip]:
@@ -24,3 +24,30 @@ def token_chips_compare(text: str, tokenizers: dict, chat: bool = False) -> Figu
         ids = tokenizer.encode(text, chat=chat)
         rows.append((f"{name}\n{len(ids)} tokens", chips(tokenizer, ids)))
     return chip_figure(rows)
+
+
+def piece_labels(tokenizer, ids) -> list[str]:
+    """A readable label per token: its text, or for a byte fragment the character it is part of and which piece,
+    咬[1/3] (the first of the three tokens that spell 咬). A token with pieces of two characters keeps its \\xNN form."""
+    ids = [int(i) for i in ids]
+    spans, start = [], 0                                          # the byte range of every token
+    for i in ids:
+        n = len(tokenizer.token_bytes(i))
+        spans.append((start, start + n))
+        start += n
+    text_bytes = tokenizer.token_bytes_of(ids)
+    chars, c = [], 0                                              # (start, end, character) of every character
+    for ch in text_bytes.decode("utf-8", errors="replace"):
+        n = len(ch.encode("utf-8")) if ch != "\ufffd" else 1
+        chars.append((c, c + n, ch))
+        c += n
+    labels = []
+    for i, (s, e) in zip(ids, spans):
+        inside = [ch for ch in chars if ch[0] <= s and e <= ch[1] and (ch[0], ch[1]) != (s, e)]
+        if not inside or inside[0][2] == "\ufffd":                # whole characters (or bytes that spell none)
+            labels.append(show_piece(tokenizer.pieces([i])[0]))
+            continue
+        cs, ce, ch = inside[0]
+        parts = [k for k, (ps, pe) in enumerate(spans) if ps < ce and cs < pe]
+        labels.append(f"{ch}[{parts.index(len(labels)) + 1}/{len(parts)}]")
+    return labels

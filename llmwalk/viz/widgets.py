@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..cost import decode_step_flops
-from ..generate import Step
+from ..generation import Step
 from ..sampling import probs_after, sample
 from ..walk import forward
 from .attention import attention_heatmap
@@ -24,26 +24,34 @@ from .cost import flops_bars
 from .embedding import similarity_matrix
 from .generation import generation_table
 from .lens import logit_lens_top
-from .sampling import prob_bars, sampling_panel
+from .sampling import prob_bars, sampling_panel, update_prob_bars, update_sampling_panel
 from .tokens import token_chips_compare
 
 
-def png(fig: Figure) -> bytes:
-    """The figure as PNG bytes, cropped as a notebook shows it."""
+def png(fig: Figure, crop: bool = True) -> bytes:
+    """The figure as PNG bytes, cropped as a notebook shows it (crop=False: the figure's own size, one draw)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", bbox_inches="tight")
+    if crop:                     # the crop measures every artist first: a second pass over the figure
+        fig.savefig(buf, format="png", bbox_inches="tight")
+    else:                        # a figure that redraws on every slider move: one pass, fast compression
+        fig.savefig(buf, format="png", pil_kwargs={"compress_level": 1})
     return buf.getvalue()
 
 
 class PlotWidget:
     """Controls bound to a plot: every change calls plot(**values) and shows the new `figure` in `output`.
 
+    With `update`, the figure is built once by plot(**values) and every later change calls update(figure,
+    **values), which sets the existing artists (bar lengths, image data, texts) instead of building a new figure,
+    and renders one PNG pass. With fixed_layout, the layout computed at the first draw is kept too (for updates
+    that change no tick label's length).
     A ValueError from the plot (input it cannot draw) is shown as a message instead of a figure: `figure` is then
     None and `error` holds the message.
     """
 
-    def __init__(self, plot: Callable[..., Figure], controls: dict[str, W.Widget], below: tuple[W.Widget, ...] = ()):
-        self.plot, self.controls = plot, controls
+    def __init__(self, plot: Callable[..., Figure], controls: dict[str, W.Widget], below: tuple[W.Widget, ...] = (),
+                 update: Callable[..., None] | None = None, fixed_layout: bool = False):
+        self.plot, self.update, self.fixed_layout, self.controls = plot, update, fixed_layout, controls
         self.output = W.Output()
         self.figure: Figure | None = None
         self.error: str | None = None
@@ -79,10 +87,16 @@ class PlotWidget:
         if self._holding:
             return
         try:
-            self.figure, self.error = self.plot(**self.values), None
+            if self.update is not None and self.figure is not None:
+                self.update(self.figure, **self.values)
+            else:
+                self.figure = self.plot(**self.values)
+            self.error = None
             with warnings.catch_warnings():           # typed text in a script no font has: boxes, not a warning
                 warnings.filterwarnings("ignore", "Glyph .* missing from font")
-                image = png(self.figure)
+                image = png(self.figure, crop=self.update is None)
+            if self.fixed_layout:
+                self.figure.set_layout_engine("none")     # laid out once at the first draw: keep those positions
         except ValueError as e:               # bad input: say what to change, no traceback
             self.figure, self.error = None, str(e)
             self.output.outputs = ({"output_type": "stream", "name": "stdout", "text": f"⚠ {e}\n"},)
@@ -103,14 +117,14 @@ def _slider(value: float, lo: float, hi: float, step: float, description: str) -
 
 def sampling_widget(logits: Tensor, tokenizer, n: int = 10) -> PlotWidget:
     """Temperature, top-k, top-p and min-p sliders bound to sampling_panel (probability bars and surgery).  # [vocab]"""
-    def plot(temperature, top_k, top_p, min_p):
-        return sampling_panel(logits, tokenizer, temperature, top_k or None, top_p if top_p < 1 else None,
-                              min_p or None, n)
-    return PlotWidget(plot, {
+    def settings(temperature, top_k, top_p, min_p) -> tuple:
+        return temperature, top_k or None, top_p if top_p < 1 else None, min_p or None
+    return PlotWidget(lambda **v: sampling_panel(logits, tokenizer, *settings(**v), n), {
         "temperature": _slider(1.0, 0.05, 2.0, 0.05, "temperature"),
         "top_k": W.IntSlider(value=0, min=0, max=50, description="top-k (0 off)", continuous_update=False),
         "top_p": _slider(1.0, 0.05, 1.0, 0.01, "top-p (1 off)"),
-        "min_p": _slider(0.0, 0.0, 0.5, 0.01, "min-p (0 off)")})
+        "min_p": _slider(0.0, 0.0, 0.5, 0.01, "min-p (0 off)")},
+        update=lambda fig, **v: update_sampling_panel(fig, logits, tokenizer, *settings(**v)), fixed_layout=True)
 
 
 def attention_widget(trace, tokenizer) -> PlotWidget:
@@ -221,7 +235,7 @@ class GenerationWidget(PlotWidget):
     def __init__(self, model, prompt: str, chat: bool = False, temperature: float = 0.7, seed: int = 0, n: int = 10):
         self.model, self.n = model, n
         self.prompt_ids = model.tokenizer.encode(prompt, chat=chat)
-        self.eos = set(model.config.eos_token_ids) | set(model.tokenizer.eos_token_ids)
+        self.eos = model.eos_ids
         self.table = W.HTML()
         controls = {"temperature": _slider(temperature, 0.0, 2.0, 0.05, "temperature"),
                     "seed": W.IntText(value=seed, description="seed"),
@@ -233,7 +247,8 @@ class GenerationWidget(PlotWidget):
         self.controls, self.steps = controls, []
         self.prompt_run = self._run()             # reset and a new seed start from here without rerunning the model
         self._restart()
-        super().__init__(lambda temperature, seed: self._plot(temperature), controls, below=(self.table,))
+        super().__init__(lambda temperature, seed: self._plot(temperature), controls, below=(self.table,),
+                         update=lambda figure, temperature, seed: self._plot(temperature, figure))
 
     @property
     def ids(self) -> list[int]:
@@ -269,11 +284,15 @@ class GenerationWidget(PlotWidget):
         self._restart()
         self.redraw()
 
-    def _plot(self, temperature: float) -> Figure:
+    def _plot(self, temperature: float, figure: Figure | None = None) -> Figure:
+        """The table and the next distribution's bars: a new figure, or `figure` redrawn in place."""
         self.table.value = generation_table(self.steps, self.model.tokenizer, self.prompt_ids)._repr_html_()
         self.controls["next"].disabled = bool(self.steps) and self.steps[-1].token_id in self.eos
-        text = self.model.tokenizer.decode(self.ids)[-60:].replace("\n", "↵")
-        return prob_bars(self.logits, self.model.tokenizer, temperature, n=self.n, title=f"…{text}")
+        title = "…" + self.model.tokenizer.decode(self.ids)[-60:].replace("\n", "↵")
+        if figure is None:
+            return prob_bars(self.logits, self.model.tokenizer, temperature, n=self.n, title=title)
+        update_prob_bars(figure, self.logits, self.model.tokenizer, temperature, title=title)
+        return figure
 
 
 def generation_widget(model, prompt: str, chat: bool = False, temperature: float = 0.7, seed: int = 0,

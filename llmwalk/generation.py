@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .kv_cache import KVCache
-from .sampling import probs_after, sample
+from .sampling import Sampler
 from .walk import check_ids, forward
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ class Step:
     """One round of the loop: what went into the model and which token came out.
 
     `prob` is the chosen token's probability under the distribution it was drawn from (after temperature,
-    top-k, top-p and min-p: sampling.probs_after; 1.0 for greedy). `top` is the raw model's view: the top_n
+    top-k, top-p and min-p: Sampler.probs; 1.0 for greedy). `top` is the raw model's view: the top_n
     tokens of the unfiltered softmax at temperature 1. `seconds` is a measurement, not part of the step's
     identity, so it is left out of ==.
     """
@@ -83,17 +83,25 @@ def decoding_head(model: "Model") -> Tensor:
     return model.weights.output.T.contiguous().T
 
 
+def cut_at_eos(model: "Model", new_ids: Sequence[int], eos_ids: frozenset[int]) -> tuple[list[int], str, str]:
+    """The new tokens up to the first end token (kept), their text (without it), and why generation stopped.
+
+    Returns (new_ids, text, stopped), stopped "eos" or "max_new_tokens". An empty eos_ids cuts nothing.
+    """
+    end = next((i + 1 for i, t in enumerate(new_ids) if t in eos_ids), None)
+    if end is None:
+        return list(new_ids), model.tokenizer.decode(list(new_ids)), "max_new_tokens"
+    return list(new_ids[:end]), model.tokenizer.decode(list(new_ids[:end - 1])), "eos"
+
+
 @dataclass(frozen=True)
 class _Loop:
-    """Validated settings of one generation, and the loop that runs it."""
+    """Checked settings of one generation, and the loop that runs it."""
 
     model: "Model"
     prompt_ids: list[int]
     max_new_tokens: int
-    temperature: float
-    top_k: int | None
-    top_p: float | None
-    min_p: float | None
+    sampler: Sampler
     generator: torch.Generator | None
     cache: KVCache | None
     eos_ids: frozenset[int]                 # empty when stop_at_eos=False
@@ -109,11 +117,11 @@ class _Loop:
             # the whole prompt in round 1 (prefill), then the single token chosen in the previous round.
             new = ids if self.cache is None else ids[self.cache.length:]
             trace = forward(self.model, new, self.cache, record=False, last_only=True, head=self.head)
-            logits = trace.logits[0]                                                               # [vocab]
-            token_id = int(sample(logits, self.temperature, self.top_k, self.top_p, self.min_p, self.generator))
-            prob = float(probs_after(logits, self.temperature, self.top_k, self.top_p, self.min_p)[token_id])
-            step = Step(index, len(new), len(ids), token_id, self._piece(token_id), prob, self._top(logits),
-                        time.perf_counter() - tic)
+            logits = trace.logits[0].float()             # [vocab]; a bf16/fp16 model's logits sampled in fp32
+            probs = self.sampler.probs(logits)           # filtered once: drawn from, and the chosen token's prob
+            token_id = int(self.sampler.choose(probs, self.generator))
+            step = Step(index, len(new), len(ids), token_id, self._piece(token_id), float(probs[token_id]),
+                        self._top(logits), time.perf_counter() - tic)
             ids.append(token_id)
             yield step
             if token_id in self.eos_ids:
@@ -128,60 +136,78 @@ class _Loop:
         return self.model.tokenizer.pieces([token_id])[0]
 
 
-def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int, temperature: float,
-            top_k: int | None, top_p: float | None, min_p: float | None, seed: int | None,
-            generator: torch.Generator | None, kv_cache: bool, chat: bool, stop_at_eos: bool, top_n: int,
-            head: Tensor | None) -> _Loop:
-    """Check every argument and encode the prompt, before any forward pass."""
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _prompt_ids(model: "Model", prompt, chat: bool) -> list[int]:
+    """The prompt as checked token ids: text is encoded (through the chat template with chat=True).  # -> [T]"""
     config, tokenizer = model.config, model.tokenizer
-    if tokenizer is None:
+    if isinstance(prompt, (bytes, bytearray)):
+        raise TypeError("prompt must be text (str) or token ids, got bytes: decode them first, "
+                        "e.g. prompt.decode('utf-8')")
+    if prompt is None:
+        raise TypeError("prompt must be text (str) or token ids, got None: pass the text to continue, e.g. 'Hello'")
+    if chat and not isinstance(prompt, str):
+        raise ValueError("chat=True applies the chat template to text: pass the prompt as a string")
+    ids = tokenizer.encode(prompt, chat=chat) if isinstance(prompt, str) else prompt
+    return check_ids(ids, config.vocab_size, config.context_length).tolist()
+
+
+def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, *, max_new_tokens: int, sampler: Sampler,
+            seed: int | None = None, generator: torch.Generator | None = None, kv_cache: bool = True,
+            chat: bool = False, stop_at_eos: bool = True, top_n: int = 5, head: Tensor | None = None) -> _Loop:
+    """Check every argument and encode the prompt, before any forward pass."""
+    config = model.config
+    if model.tokenizer is None:
         raise ValueError(f"{config.name} was loaded without a tokenizer: generate needs one to show its tokens")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+    if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0:
+    if not _is_int(top_n) or top_n < 0:
         raise ValueError(f"top_n must be an int >= 0, got {top_n!r}")
-    probs_after(torch.zeros(1), temperature, top_k, top_p, min_p)   # raises sampling's ValueError if one is bad
     if head is not None and head.shape != model.weights.output.shape:
         raise ValueError(f"head has shape {tuple(head.shape)}, expected {tuple(model.weights.output.shape)}: "
                          "make it with decoding_head(model) for this model")
     if seed is not None and generator is not None:
         raise ValueError("pass seed= or generator=, not both")
+    if seed is not None and not _is_int(seed):
+        raise TypeError(f"seed must be an int, got {seed!r}: e.g. seed=0")
+    if seed is not None and not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be in [0, 2**64), got {seed}: e.g. seed=0")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}: "
+                        "e.g. torch.Generator().manual_seed(0), or pass seed=0")
     if seed is not None:
         generator = torch.Generator().manual_seed(seed)
-    if temperature > 0 and generator is None:
-        raise ValueError(f"temperature={temperature} samples at random: pass seed= (an int) or generator= so "
-                         "the result can be reproduced, or use temperature=0 for greedy decoding")
-    if isinstance(prompt, str):
-        ids = tokenizer.encode(prompt, chat=chat)
-    elif chat:
-        raise ValueError("chat=True applies the chat template to text: pass the prompt as a string")
-    else:
-        ids = prompt
-    ids = check_ids(ids, config.vocab_size, config.context_length).tolist()
-    total = len(ids) + max_new_tokens
-    if total > config.context_length:
-        fix = f"shorten the prompt to at most {config.context_length - max_new_tokens} tokens"
-        if len(ids) < config.context_length:
-            fix += f" or set max_new_tokens <= {config.context_length - len(ids)}"
-        raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} = {total} tokens is longer "
-                         f"than {config.name}'s context length of {config.context_length}: {fix}")
-    cache = KVCache.empty(config, total) if kv_cache else None
-    eos_ids = (frozenset(config.eos_token_ids) | frozenset(tokenizer.eos_token_ids)) if stop_at_eos else frozenset()
-    return _Loop(model, ids, max_new_tokens, temperature, top_k, top_p, min_p, generator, cache, eos_ids, top_n,
-                 head)
+    if not sampler.is_greedy and generator is None:
+        raise ValueError(f"temperature={sampler.temperature} samples at random: pass seed= (an int) or generator= "
+                         "so the result can be reproduced, or use temperature=0 for greedy decoding")
+    ids = _prompt_ids(model, prompt, chat)
+    room = config.context_length - len(ids)
+    if max_new_tokens > room:
+        fixes = [f"shorten the prompt to at most {config.context_length - max_new_tokens} tokens"] \
+            if max_new_tokens < config.context_length else []
+        fixes += [f"set max_new_tokens <= {room}"] if room >= 1 else []
+        raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} = {len(ids) + max_new_tokens} "
+                         f"tokens is longer than {config.name}'s context length of {config.context_length}: "
+                         + (" or ".join(fixes) or "shorten the prompt and lower max_new_tokens"))
+    cache = KVCache.empty(config, len(ids) + max_new_tokens) if kv_cache else None
+    return _Loop(model, ids, max_new_tokens, sampler, generator, cache, model.eos_ids if stop_at_eos else frozenset(),
+                 top_n, head)
 
 
-def generate_stream(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32,
+def generate_stream(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32, *,
                     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                     min_p: float | None = None, seed: int | None = None, generator: torch.Generator | None = None,
                     kv_cache: bool = True, chat: bool = False, stop_at_eos: bool = True, top_n: int = 5,
                     head: Tensor | None = None) -> Iterator[Step]:
     """`generate`, one Step at a time as each token is chosen (arguments are checked now, not at the first next())."""
-    return prepare(model, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, generator, kv_cache,
-                  chat, stop_at_eos, top_n, head).steps()
+    return prepare(model, prompt, max_new_tokens=max_new_tokens, sampler=Sampler(temperature, top_k, top_p, min_p),
+                   seed=seed, generator=generator, kv_cache=kv_cache, chat=chat, stop_at_eos=stop_at_eos,
+                   top_n=top_n, head=head).steps()
 
 
-def generate(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32,
+def generate(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32, *,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              min_p: float | None = None, seed: int | None = None, generator: torch.Generator | None = None,
              kv_cache: bool = True, chat: bool = False, stop_at_eos: bool = True, top_n: int = 5,
@@ -194,10 +220,9 @@ def generate(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_token
     the whole prefix every round, as the article's first loop does; the tokens are the same either way.
     head=decoding_head(model), made once and reused, speeds up every token (same numbers, faster memory order).
     """
-    loop = prepare(model, prompt, max_new_tokens, temperature, top_k, top_p, min_p, seed, generator, kv_cache,
-                  chat, stop_at_eos, top_n, head)
+    loop = prepare(model, prompt, max_new_tokens=max_new_tokens, sampler=Sampler(temperature, top_k, top_p, min_p),
+                   seed=seed, generator=generator, kv_cache=kv_cache, chat=chat, stop_at_eos=stop_at_eos,
+                   top_n=top_n, head=head)
     steps = list(loop.steps())
-    new_ids = [s.token_id for s in steps]
-    stopped = "eos" if new_ids[-1] in loop.eos_ids else "max_new_tokens"
-    text = model.tokenizer.decode(new_ids[:-1] if stopped == "eos" else new_ids)
+    new_ids, text, stopped = cut_at_eos(model, [s.token_id for s in steps], loop.eos_ids)
     return Generation(loop.prompt_ids, new_ids, text, steps, stopped, loop.cache)

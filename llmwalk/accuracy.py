@@ -1,0 +1,117 @@
+"""How far a changed model (quantized, bf16, cut to its first layers) is from the full fp32 one.
+
+Every measure compares next-token distributions on a real text: KL divergence, how often the most likely token is
+the same, and perplexity. They are properties of the weights, not of the kernel that multiplies them: measure them
+on a model whose rounded weights are dequantized to fp32 (`quantize.dequantize_model`) and the numbers hold on
+every CPU, to the digits a float sum keeps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.resources import files
+from typing import TYPE_CHECKING, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .quantize import LINEARS, model_weight_bytes, to_float
+from .walk import Trace, forward
+
+if TYPE_CHECKING:
+    from .models import Model
+
+EVAL_TEXT = "data/eval_text.txt"
+
+
+def eval_text() -> str:
+    """The evaluation text shipped with llmwalk (an original ~800-word explanation of how Paris became a capital)."""
+    return files("llmwalk").joinpath(EVAL_TEXT).read_text(encoding="utf-8")
+
+
+def log_probs(model: "Model", ids: Sequence[int]) -> Tensor:
+    """Next-token log-probabilities at every position.  # [T] -> [T, vocab]"""
+    return F.log_softmax(forward(model, list(ids), record=False).logits.float(), dim=-1)
+
+
+def token_nll(log_p: Tensor, ids: Sequence[int]) -> Tensor:
+    """−log p(actual next token) at every position but the last.  # [T, vocab] -> [T - 1]"""
+    return -log_p[:-1].gather(1, torch.tensor(list(ids[1:]))[:, None])[:, 0]
+
+
+def kl_divergence(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """KL(p ‖ q) = Σ p · (log p − log q) per position, in nats: 0 when the distributions agree.  # [T, V] x2 -> [T]"""
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def top1_agreement(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """Whether both pick the same most likely next token, per position.  # [T, V] x2 -> [T] bool"""
+    return log_p.argmax(-1) == log_q.argmax(-1)
+
+
+def _chunks(ids: Sequence[int], size: int) -> list[list[int]]:
+    """Consecutive pieces of at most `size` tokens; each is scored on its own (no context carried over)."""
+    return [list(ids[i:i + size]) for i in range(0, len(ids), size)]
+
+
+def perplexity(model: "Model", text: str | None = None, chunk: int = 512) -> float:
+    """exp(mean −log p(next token)) over the text, in chunks of at most `chunk` tokens."""
+    parts = _chunks(model.tokenizer.encode(text or eval_text()), chunk)
+    return float(torch.cat([token_nll(log_probs(model, p), p) for p in parts]).mean().exp())
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How far a changed model is from the fp32 one, on one text."""
+
+    weight_bytes: int
+    fp32_weight_bytes: int
+    weight_error: list[dict]    # per layer: max and mean |w − w_fp32| over its matrices
+    kl_mean: float              # KL(p_fp32 ‖ p) of the next-token distributions, mean over positions
+    kl_max: float
+    top1_agreement: float       # fraction of positions where both pick the same most likely next token
+    perplexity_fp32: float
+    perplexity: float
+    n_tokens: int
+
+
+def layer_weight_errors(model: "Model", other: "Model") -> list[dict]:
+    """Per layer, max and mean |w − w_fp32| over all its matrices (quantized weights dequantized)."""
+    rows = []
+    for i, (a, b) in enumerate(zip(model.weights.blocks, other.weights.blocks)):
+        errs = torch.cat([(to_float(getattr(b, n).weight).float() - getattr(a, n).weight).abs().flatten()
+                          for n in LINEARS if getattr(a, n) is not None])
+        rows.append({"layer": i, "max_abs_error": float(errs.max()), "mean_abs_error": float(errs.mean())})
+    return rows
+
+
+def compare_to_fp32(model: "Model", changed: "Model", text: str | None = None, chunk: int = 512) -> Comparison:
+    """Memory, weight error, KL, top-1 agreement and perplexity of `changed` against the fp32 `model`."""
+    kl, agree, nll_ref, nll = [], [], [], []
+    for part in _chunks(model.tokenizer.encode(text or eval_text()), chunk):
+        ref, out = log_probs(model, part), log_probs(changed, part)
+        kl.append(kl_divergence(ref, out))
+        agree.append(top1_agreement(ref, out))
+        nll_ref.append(token_nll(ref, part))
+        nll.append(token_nll(out, part))
+    kl_all = torch.cat(kl)
+    return Comparison(model_weight_bytes(changed), model_weight_bytes(model), layer_weight_errors(model, changed),
+                      float(kl_all.mean()), float(kl_all.max()), float(torch.cat(agree).float().mean()),
+                      float(torch.cat(nll_ref).mean().exp()), float(torch.cat(nll).mean().exp()), len(kl_all))
+
+
+def activation_outliers(trace: Trace) -> list[dict]:
+    """Per layer and per layer-matrix input, max |activation| against the median: the outliers that break int8.
+
+    A per-tensor int8 scale is set by the largest value; when one channel is 100x the median, the typical
+    values get only one or two of the 255 levels.
+    """
+    rows = []
+    for i, layer in enumerate(trace.layers):
+        for site in ("attn_in", "ffn_in", "ffn_hidden"):
+            a = getattr(layer, site).abs()                     # [T, d]
+            peak, median = a.max(), a.median()
+            rows.append({"layer": i, "site": site, "max_abs": float(peak), "median_abs": float(median),
+                         "ratio": float(peak / median), "channel": int(a.amax(0).argmax()),
+                         "position": int(a.amax(1).argmax())})
+    return rows

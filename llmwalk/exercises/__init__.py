@@ -1,0 +1,79 @@
+"""Exercises: implement a piece of the model yourself, and let the grader check it against llmwalk's own.
+
+    from llmwalk.exercises import check
+    def softmax(logits):
+        ...
+    check("softmax", softmax)        # a verdict: which case failed, the input, expected vs got, and a hint
+
+`check` runs your function on plain, edge and adversarial cases (large logits, ties, batches, zero vectors,
+T = 1, every k and p boundary) and compares it with llmwalk's implementation (or torch.nn.functional's). It never
+raises for a wrong answer: an exception in your code is reported with the case and your line that raised.
+
+The exercises, by notebook (tensors are float32 unless said otherwise):
+
+02_tokenization
+    bpe(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]
+        GPT-2's byte-pair merge of one pre-split piece: repeatedly join the adjacent pair whose joined bytes have
+        the lowest rank in `ranks` (leftmost first on a repeat) until no adjacent pair is in `ranks`.
+        `gpt2_ranks()` gives GPT-2's real table.
+03_embedding
+    embed(ids: [T] int64, table: [vocab, d]) -> [T, d]                one row of the table per token
+    cosine_similarity(a: [..., d], b: [..., d]) -> [...]              a·b / (|a| |b|) over the last dim, broadcast
+04_layers
+    causal_mask(T: int) -> bool [T, T]                                True where query i may look at key j
+    attention(q, k, v: [n_head, T, d_head]) -> [n_head, T, d_head]    causal scaled dot-product attention
+    rms_norm(x: [..., d], weight: [d], eps: float) -> [..., d]
+    layer_norm(x: [..., d], weight: [d], bias: [d], eps: float) -> [..., d]
+05_lm_head
+    lm_head(h: [T, d], W: [vocab, d]) -> [T, vocab]                   one dot product per vocabulary row
+    softmax(logits: [..., vocab]) -> [..., vocab]                     over the last dim, stable for large logits
+06_sampling
+    apply_temperature(logits: [..., vocab], temperature: float) -> [..., vocab]
+    top_k_filter(logits: [..., vocab], top_k: int) -> [..., vocab]    -inf below the k-th largest; ties kept
+    top_p_filter(logits: [..., vocab], top_p: float) -> [..., vocab]  smallest top set reaching p, crossing token kept
+07_autoregressive
+    greedy_generate(next_logits, prompt_ids: list[int], n: int) -> list[int]
+        next_logits(ids: list[int]) -> [vocab] logits of the token after ids; return the n new ids (argmax each round)
+    kv_cache_step(q, k_new, v_new: [n_head, 1, d_head], k_cache, v_cache: [n_head, S, d_head])
+            -> (out [n_head, 1, d_head], k_cache [n_head, S + 1, d_head], v_cache [n_head, S + 1, d_head])
+        one decoding step: append the new key/value, then attend from the new query to all S + 1 positions
+08_cost
+    kv_cache_bytes(n_layer, n_kv_head, d_head, T, bytes_per_number) -> int
+
+Solutions, for teachers: `llmwalk/exercises/solutions.py`. `python -m llmwalk.exercises` checks them all.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from .catalogue import EXERCISES, gpt2_ranks
+from .grader import Case, Exercise, Result, grade
+
+
+def check(name: str, fn: Callable) -> Result:
+    """Grade your function `fn` for exercise `name`; the Result shows itself as a verdict in a notebook."""
+    if name not in EXERCISES:
+        raise ValueError(f"no exercise named {name!r}: choose one of {', '.join(EXERCISES)}")
+    return grade(EXERCISES[name], fn)
+
+
+def exercises(notebook: str | None = None) -> list[Exercise]:
+    """The exercises, all or those of one notebook (e.g. "06_sampling")."""
+    return [ex for ex in EXERCISES.values() if notebook is None or ex.notebook == notebook]
+
+
+def reveal(guess, answer, *, unit: str = "", close: float = 0.1) -> str:
+    """Compare a predicted value with the measured one, kindly; a guess of None just shows the answer."""
+    shown = f"{answer:,}{unit}" if isinstance(answer, (int, float)) else repr(answer)
+    if guess is None:
+        return f"The answer is {shown}. (Next time, write your guess in the cell above first.)"
+    if guess == answer or (isinstance(guess, str) and isinstance(answer, str)
+                           and guess.strip().casefold() == answer.strip().casefold()):   # " Berlin" or "berlin"
+        return f"Spot on: {shown}."
+    if isinstance(answer, (int, float)) and isinstance(guess, (int, float)) and \
+            abs(guess - answer) <= close * abs(answer):
+        return f"Close: you guessed {guess:,}{unit}, the answer is {shown}."
+    return f"You guessed {guess!r}; the answer is {shown}. Surprised? The cells above show why."
+
+
+__all__ = ["Case", "EXERCISES", "Exercise", "Result", "check", "exercises", "gpt2_ranks", "reveal"]

@@ -1,0 +1,77 @@
+"""Accuracy measures of a changed model against the fp32 one, each checked against torch.nn.functional."""
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import llmwalk as lw
+from llmwalk.accuracy import (activation_outliers, compare_to_fp32, eval_text, kl_divergence, log_probs, perplexity,
+                              token_nll, top1_agreement)
+from llmwalk.quantize import dequantize_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
+
+
+def test_kl_of_a_distribution_with_itself_is_zero_and_matches_a_hand_computation():
+    p = torch.tensor([[0.7, 0.2, 0.1], [0.25, 0.25, 0.5]])
+    q = torch.tensor([[0.5, 0.3, 0.2], [0.25, 0.25, 0.5]])
+    assert torch.equal(kl_divergence(p.log(), p.log()), torch.zeros(2))
+    by_hand = 0.7 * torch.log(torch.tensor(0.7 / 0.5)) + 0.2 * torch.log(torch.tensor(0.2 / 0.3)) \
+        + 0.1 * torch.log(torch.tensor(0.1 / 0.2))
+    kl = kl_divergence(p.log(), q.log())
+    assert torch.allclose(kl, torch.stack([by_hand, torch.tensor(0.0)]), atol=1e-7)
+    # torch's KL(p ‖ q) takes log q as input and p (here as log p) as target
+    assert torch.allclose(kl, F.kl_div(q.log(), p.log(), reduction="none", log_target=True).sum(-1), atol=1e-7)
+    assert torch.equal(top1_agreement(p.log(), q.log()), torch.tensor([True, True]))
+    assert torch.equal(top1_agreement(p.log(), q.flip(-1).log()), torch.tensor([False, False]))
+
+
+def test_perplexity_is_exp_of_the_mean_cross_entropy(smollm2):
+    text = eval_text()[:400]
+    ids = smollm2.tokenizer.encode(text)
+    logits = lw.forward(smollm2, ids, record=False).logits
+    reference = F.cross_entropy(logits[:-1], torch.tensor(ids[1:])).exp()
+    assert perplexity(smollm2, text) == pytest.approx(float(reference), rel=1e-5)
+    assert torch.allclose(token_nll(log_probs(smollm2, ids), ids),
+                          F.cross_entropy(logits[:-1], torch.tensor(ids[1:]), reduction="none"), atol=1e-5)
+    # in chunks of 32, each chunk is scored on its own: the mean over every chunk's positions
+    nll = torch.cat([F.cross_entropy(lw.forward(smollm2, ids[i:i + 32], record=False).logits[:-1],
+                                     torch.tensor(ids[i + 1:i + 32]), reduction="none")
+                     for i in range(0, len(ids), 32)])
+    assert perplexity(smollm2, text, chunk=32) == pytest.approx(float(nll.mean().exp()), rel=1e-5)
+
+
+def test_a_model_compared_with_itself_is_identical(smollm2):
+    c = compare_to_fp32(smollm2, smollm2, eval_text()[:300])
+    assert c.kl_mean == 0 and c.kl_max == 0 and c.top1_agreement == 1
+    assert c.perplexity == c.perplexity_fp32
+    assert c.n_tokens == len(smollm2.tokenizer.encode(eval_text()[:300]))
+    assert all(r["max_abs_error"] == 0 for r in c.weight_error)
+
+
+def test_compare_to_fp32_matches_torch_on_a_bf16_copy(smollm2):
+    text = eval_text()[:300]
+    bf16 = dequantize_model(dataclasses.replace(smollm2, weights=lw.to_dtype(smollm2.weights, torch.bfloat16)))
+    c = compare_to_fp32(smollm2, bf16, text)
+    ids = torch.tensor(smollm2.tokenizer.encode(text))
+    ref = F.log_softmax(lw.forward(smollm2, ids, record=False).logits, -1)
+    out = F.log_softmax(lw.forward(bf16, ids, record=False).logits, -1)
+    kl = F.kl_div(out, ref, reduction="none", log_target=True).sum(-1)
+    assert c.kl_mean == pytest.approx(float(kl.mean()), rel=1e-4) and c.kl_max == pytest.approx(float(kl.max()), rel=1e-4)
+    assert c.kl_mean > 0
+    assert c.top1_agreement == pytest.approx(float((ref.argmax(-1) == out.argmax(-1)).float().mean()))
+    assert c.perplexity == pytest.approx(float(F.cross_entropy(out[:-1], ids[1:]).exp()), rel=1e-5)
+    w, w16 = smollm2.weights.blocks[3].ffn_up.weight, bf16.weights.blocks[3].ffn_up.weight
+    assert c.weight_error[3]["max_abs_error"] >= float((w - w16).abs().max())
+
+
+def test_activation_outliers_are_max_over_median_of_each_recorded_input(smollm2):
+    trace = lw.forward(smollm2, smollm2.tokenizer.encode(eval_text())[:64])
+    rows = activation_outliers(trace)
+    assert len(rows) == 3 * smollm2.config.n_layer
+    row = next(r for r in rows if r["layer"] == 11 and r["site"] == "ffn_hidden")
+    a = trace.layers[11].ffn_hidden.abs()
+    assert row["max_abs"] == float(a.max()) and row["median_abs"] == float(a.median())
+    assert row["ratio"] == pytest.approx(float(a.max() / a.median()))
+    assert a[row["position"], row["channel"]] == a.max()

@@ -1,0 +1,99 @@
+"""`python -m llmwalk.bench` smoke tests: each subcommand runs on a tiny random Llama (SmolLM2's vocabulary and
+tokenizer, 2 layers of width 64) against transformers on the same weights, and prints its tables with the machine
+line. Structure only: the timings of a shared test machine say nothing."""
+import dataclasses
+import re
+import sys
+
+import pytest
+import torch
+
+import llmwalk as lw
+from llmwalk import bench
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, smollm2):
+    """(llmwalk model, transformers model): the same random weights, SmolLM2's tokenizer."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    hf = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      hidden_size=64, intermediate_size=128, vocab_size=smollm2.config.vocab_size,
+                                      max_position_embeddings=1024, tie_word_embeddings=True)).eval()
+    path = tmp_path_factory.mktemp("tiny") / "llama"
+    hf.save_pretrained(path)
+    return dataclasses.replace(lw.load_model(path), tokenizer=smollm2.tokenizer), hf
+
+
+@pytest.fixture
+def run_bench(monkeypatch, capsys, tiny):
+    """bench.main(argv) on the tiny model, llama.cpp made unimportable; returns the printed lines."""
+    model, hf = tiny
+    monkeypatch.setattr(bench, "load_model", lambda name, progress=True: model)
+    monkeypatch.setattr(bench, "load_transformers", lambda name=None: hf)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)                 # import llama_cpp -> ImportError
+
+    def run(*argv: str) -> list[str]:
+        bench.main(list(argv))
+        return capsys.readouterr().out.splitlines()
+    return run
+
+
+def check_machine_line(line: str) -> None:
+    assert re.fullmatch(rf"CPU: .+ \(\d+ logical cores\), torch {re.escape(torch.__version__)} CPU capability "
+                        rf"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads\. "
+                        r"Ratios vary by CPU: measure on yours\.", line), line
+
+
+def test_bench_generate_table(run_bench):
+    out = run_bench("generate", "--prompt-lengths", "8", "12", "--new-tokens", "3", "--repeats", "1", "--threads", "1")
+    check_machine_line(out[0])
+    assert bench.LLAMA_CPP_HINT in out and "pip install llama-cpp-python" in bench.LLAMA_CPP_HINT
+    rows = [line for line in out if re.match(r"\s+\d+ \|", line)]
+    assert [(int(r.split("|")[0]), r.split("|")[1][:23].strip()) for r in rows] == [
+        (n, name) for n in (8, 12) for name in ("llmwalk cache +head", "llmwalk cache", "transformers (cache)",
+                                                "llmwalk no cache +head")]
+    for row in rows:
+        ttft, tps, mb = row.split("|")[1][23:].split()
+        assert float(ttft) > 0 and float(tps) > 0
+        assert (row.split("|")[2].count("x") == 3) == row.split("|")[1].startswith(" llmwalk cache")
+
+
+def test_bench_quantization_table(run_bench):
+    out = run_bench("quantization", "--prompt-length", "8", "--new-tokens", "3", "--repeats", "1", "--threads", "1")
+    check_machine_line(out[0])
+    assert bench.LLAMA_CPP_HINT in out
+    table = out[out.index(next(line for line in out if line.startswith("weights"))) + 1:]
+    names = [re.split(r"\s{2,}", line)[0] for line in table]
+    assert names == ["llmwalk fp32", "int8 layers", "int8 layers + head", "int4 g32 asym layers",
+                     "int4 g32 asym + head", "transformers fp32"]
+    assert table[0].endswith(" 1.00x")                                  # fp32 against itself
+    mb = {name: float(line.split()[-3]) for name, line in zip(names, table) if name != "transformers fp32"}
+    assert mb["int4 g32 asym layers"] < mb["int8 layers"] < mb["llmwalk fp32"]
+
+
+def test_bench_widgets_table(run_bench):
+    out = run_bench("widgets", "--repeats", "2")
+    check_machine_line(out[0])
+    rows = out[-3:]
+    assert [re.split(r"\s{2,}", r)[0] for r in rows] == ["sampling: temperature / top-k", "attention: layer / head",
+                                                         "generation: 'next token' click"]
+    for row in rows:
+        median, fastest, goal = map(float, row.split()[-3:])
+        assert 0 < fastest <= median
+
+
+def test_llama_cpp_missing_gives_the_hint(monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    assert bench.load_llama_cpp("smollm2-135m", 64) is None
+
+
+def test_bench_speculative_table(run_bench):
+    out = run_bench("speculative", "--drafts", "lookup", "exit1", "--prompts", "no copy", "--ks", "2",
+                    "--temperatures", "0", "--new-tokens", "4", "--agreement-layers", "1", "--threads", "1")
+    check_machine_line(out[0])
+    header = next(i for i, line in enumerate(out) if line.startswith("prompt | "))
+    columns = out[header].split(" | ")
+    rows = [dict(zip(columns, line.split(" | "))) for line in out[header + 1:]]
+    assert [(r["draft"], r["k"], r["prompt"]) for r in rows] == [("lookup", "2", "no copy"), ("exit1", "2", "no copy")]
+    assert all(0 <= float(r["acceptance"]) <= 1 for r in rows)

@@ -1,0 +1,87 @@
+"""The attention-by-hand and intervention plots draw the numbers the model computed (checked against the trace
+and against a hand computation), and the step widget follows its static twin."""
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import llmwalk as lw  # noqa: E402
+import llmwalk.viz as viz  # noqa: E402
+from llmwalk import interventions as iv  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
+
+
+@pytest.fixture(scope="module")
+def trace(smollm2):
+    return lw.forward(smollm2, smollm2.tokenizer.encode("The capital of France is"))
+
+
+@pytest.mark.parametrize("layer,head,query", [(23, 4, -1), (16, 0, 2), (0, 8, 0)])
+def test_attention_step_draws_scores_weights_and_the_mix(smollm2, trace, layer, head, query):
+    fig = viz.attention_step(trace, smollm2, layer, head, query)
+    ax_s, ax_w, ax_v = fig.axes[:3]
+    c, t = smollm2.config, len(trace.ids)
+    q = query % t
+    b = trace.layers[layer].attn
+    k = b.k.repeat_interleave(c.n_head // c.n_kv_head, dim=0)[head]       # this head's keys, copied as MHA would
+    scores = (b.q[head, q] @ k.T / c.d_head ** 0.5).numpy()
+    drawn = np.array([p.get_width() for p in ax_s.patches])
+    assert np.allclose(drawn[:q + 1], scores[:q + 1], atol=1e-4) and np.all(drawn[q + 1:] == 0)
+    assert np.allclose([p.get_width() for p in ax_w.patches], b.weights[head, q].numpy())
+    mix = ax_v.images[0].get_array()[-1]                                    # the Σ row
+    assert np.allclose(mix, b.z[head, q].numpy(), atol=1e-5)
+
+
+def test_attention_step_widget_follows_its_twin(smollm2, trace):
+    w = viz.attention_step_widget(trace, smollm2)
+    assert w.values == {"layer": 0, "head": 0, "query": len(trace.ids) - 1}
+    w.set(layer=23, head=4, query=3)
+    twin = viz.attention_step(trace, smollm2, 23, 4, 3)
+    assert np.array_equal(w.figure.axes[2].images[0].get_array(), twin.axes[2].images[0].get_array())
+    assert w.figure.texts[0].get_text() == twin.texts[0].get_text()
+
+
+def test_mask_and_attention_shows_the_rule_and_the_weights(smollm2, trace):
+    fig = viz.mask_and_attention(trace, smollm2.tokenizer, 23, 4)
+    t = len(trace.ids)
+    marks = [s.get_text() for s in fig.axes[0].texts]
+    assert marks.count("✓") == t * (t + 1) // 2 and marks.count("✗") == t * (t - 1) // 2
+    shown = fig.axes[1].images[0].get_array().filled(np.nan)
+    w = trace.layers[23].attn.weights[4].numpy()
+    assert np.allclose(np.tril(shown), np.tril(w)) and np.all(np.isnan(shown[np.triu_indices(t, 1)]))
+
+
+def test_last_token_attention_is_the_head_mean_per_layer(smollm2, trace):
+    fig = viz.last_token_attention(trace, smollm2.tokenizer)
+    drawn = fig.axes[0].images[0].get_array()
+    assert drawn.shape == (smollm2.config.n_layer, len(trace.ids))
+    assert np.allclose(drawn, trace.attn[:, :, -1].mean(1).numpy())
+
+
+def test_intervention_plots_draw_the_measured_probabilities(smollm2, trace):
+    tok = smollm2.tokenizer
+    tokens = [tok.token_id(" Paris"), tok.token_id(" Berlin")]
+    effects = {"none": trace.probs[-1, tokens], "head 23.4": torch.tensor([0.25, 0.5])}
+    fig = viz.intervention_bars(effects, tok, tokens)
+    widths = [p.get_width() for p in fig.axes[0].patches]
+    assert np.allclose(sorted(widths), sorted([*trace.probs[-1, tokens].tolist(), 0.25, 0.5]))
+    grid = torch.rand(smollm2.config.n_layer + 1, len(trace.ids), generator=torch.Generator().manual_seed(0))
+    fig = viz.patching_heatmap(grid, tok, trace.ids, tokens[1], "The capital of Germany is")
+    assert np.allclose(fig.axes[0].images[0].get_array(), grid.numpy())
+    fig = viz.ablation_sweep({"attention": grid[:-1, 0].tolist(), "FFN": grid[:-1, 1].tolist()}, 0.7, " Paris")
+    assert np.allclose(fig.axes[0].lines[1].get_ydata(), grid[:-1, 1].numpy())
+
+
+def test_residual_plots_put_the_embedding_before_layer_0(smollm2, trace):
+    fig = viz.token_rank(trace, smollm2, " Paris")
+    ax = fig.axes[0]
+    assert ax.lines[0].get_xdata()[0] == -1 and ax.lines[0].get_xdata()[-1] == smollm2.config.n_layer - 1
+    labels = [t.get_text() for t in ax.get_xticklabels()]
+    assert labels[0] == "emb" and labels[-1] == str(smollm2.config.n_layer - 1)
+    grid = viz.logit_lens_grid(trace, smollm2)
+    rows = [t.get_text() for t in grid.axes[0].get_yticklabels()]
+    assert rows[0] == "embedding" and rows[1] == "after layer 0" and len(rows) == smollm2.config.n_layer + 1
