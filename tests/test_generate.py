@@ -1,6 +1,7 @@
 """The autoregressive loop on the real SmolLM2: cache vs recomputation, transformers' generate, seeds, EOS, dtypes,
 the KV cache's own checks, and bad input."""
 import copy
+import math
 import dataclasses
 
 import pytest
@@ -272,9 +273,17 @@ def low_precision(smollm2) -> dict[torch.dtype, lw.Model]:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("text", ["The capital of France is", "The history of the printing press"])
 def test_low_precision_greedy_same_with_and_without_cache(low_precision, dtype, text):
+    """With and without the cache the arithmetic differs (one new row vs the whole sequence), and bf16/fp16 keep
+    2-3 significant digits (bf16: 8 mantissa bits, ~0.1 on a logit of 20 per rounding): the two runs must agree
+    token for token until the first near-tie — top two logits within 0.5 — where the other run picks the runner-up."""
     model = low_precision[dtype]
     cached = generate(model, text, 12, stop_at_eos=False)
-    assert cached.new_ids == generate(model, text, 12, stop_at_eos=False, kv_cache=False).new_ids
+    rerun = generate(model, text, 12, stop_at_eos=False, kv_cache=False).new_ids
+    first = next((i for i, (a, b) in enumerate(zip(cached.new_ids, rerun)) if a != b), None)
+    if first is not None:
+        (id1, _, p1), (id2, _, p2) = cached.steps[first].top[:2]
+        assert first >= 3 and {id1, id2} == {cached.new_ids[first], rerun[first]} and math.log(p1 / p2) < 0.5, \
+            f"cache and no cache differ at token {first} without a near-tie: top-2 p {p1:.3f} vs {p2:.3f}"
     c = cached.cache
     assert c.layers[0].keys.dtype == dtype and c.nbytes() == kv_cache_bytes(model.config, c.length, 2)
 
