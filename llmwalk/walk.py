@@ -126,8 +126,9 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
 
     With a `cache`, `ids` are the new positions only: they attend to the cached ones, and the cache grows.
     record=False keeps no per-layer intermediates (for fast generation) and so runs layers.attention_fast,
-    which never stores the attention weights; last_only computes logits for the last position only. `head` replaces weights.output in the LM head: the same [vocab, d_model] numbers
-    stored in another memory order (generate.decoding_head).
+    which never stores the attention weights; last_only computes logits for the last position only. `head`
+    replaces weights.output in the LM head: the same [vocab, d_model] numbers stored in another memory order
+    (generation.decoding_head).
     `hooks` maps a hook point "blocks.{i}.{point}" (see layers.block_forward) to a function that returns the
     activation to use instead: the model then runs on (and the trace records) what the hook returned.
     A recorded pass that would keep more than `max_record_bytes` (record_bytes) is refused before it starts.
