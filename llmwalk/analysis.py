@@ -7,7 +7,6 @@ show them.
 """
 from __future__ import annotations
 
-import importlib
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -19,7 +18,7 @@ from torch import Tensor
 from . import cost
 from .accuracy import Comparison, compare_to_fp32, eval_text, layer_weight_errors
 from .embedding import apply_rope, rope_angles, token_embedding
-from .generation import Generation, cut_at_eos, decoding_head, generate
+from .generation import Generation, Pass, cut_at_eos, decoding_head, generate, watching
 from .head import logit_lens, softmax
 from .kv_cache import KVCache
 from .layers import attention, causal_mask, ffn, norm
@@ -30,7 +29,7 @@ from .walk import Trace, forward
 from .weights import tensors, to_dtype
 
 if TYPE_CHECKING:
-    from .journey import Journey
+    from .walk import Journey
     from .models import Model
     from .speculative import SpeculativeResult
 
@@ -376,41 +375,17 @@ def study_summary(runs: Sequence[Run]) -> dict[float, dict[str, float]]:
 
 # ---------------------------------------------------------------- the loop (notebooks 01, 07, 09)
 
-@dataclass(frozen=True)
-class Pass:
-    """One call to forward during generation: the token ids that went in, and how many layers ran on them."""
-
-    ids: tuple[int, ...]
-    layers: int
-
-
 @contextmanager
 def recorded_passes() -> Iterator[list[Pass]]:
-    """Record every forward pass generate() makes while the block runs.
+    """Record every forward pass generate() makes while the block runs (through generation.watching).
 
         with recorded_passes() as passes:
             generate(model, "Hello", 5, kv_cache=False)
         [len(p.ids) for p in passes]        # the tokens each round ran through the model
     """
-    module = importlib.import_module("llmwalk.generation")    # the module whose forward generate() calls
-    real, passes = module.forward, []
-
-    def spy(model, ids, *args, hooks=None, **kwargs):
-        ran = []                                             # one entry per layer that really ran, by forward's hooks
-
-        def count(x):
-            ran.append(1)
-            return x
-        watch = {f"blocks.{i}.resid_post": count for i in range(model.config.n_layer)}
-        trace = real(model, ids, *args, hooks={**watch, **(hooks or {})}, **kwargs)
-        passes.append(Pass(tuple(int(i) for i in ids), len(ran)))
-        return trace
-
-    module.forward = spy
-    try:
+    passes: list[Pass] = []
+    with watching(passes.append):
         yield passes
-    finally:
-        module.forward = real
 
 
 def first_rounds(model: "Model", g: Generation, n: int) -> Generation:
@@ -452,7 +427,7 @@ def decode_step_measured(model: "Model", ids: Sequence[int]) -> int:
     ids = list(ids)
     cache = KVCache.empty(model.config, len(ids))
     forward(model, ids[:-1], cache, record=False, last_only=True)
-    return cost.counted(lambda: forward(model, ids[-1:], cache, record=False, last_only=True).logits)[0]
+    return cost.measured_flops(model, ids[-1:], cache, last_only=True)
 
 
 def kv_cache_check(model: "Model", ids: Sequence[int]) -> dict:
@@ -464,8 +439,9 @@ def kv_cache_check(model: "Model", ids: Sequence[int]) -> dict:
     ids, context = list(ids), len(ids)
     cache = KVCache.empty(model.config, context)
     forward(model, ids[:-1], cache, record=False, last_only=True)
-    cached, a = cost.counted(lambda: forward(model, ids[-1:], cache, record=False, last_only=True).logits[-1])
-    full, b = cost.counted(lambda: forward(model, ids, record=False, last_only=True).logits[-1])
+    # record=True: the readable path, whose products torch's counter sees (cost.measured_flops)
+    cached, a = cost.counted(lambda: forward(model, ids[-1:], cache, last_only=True).logits[-1])
+    full, b = cost.counted(lambda: forward(model, ids, last_only=True).logits[-1])
     return {"context": context, "flops_cached": cached, "flops_recomputed": full,
             "max_logit_diff": float((a - b).abs().max()), "same_token": int(a.argmax()) == int(b.argmax()),
             "cache_bytes": cache.nbytes()}

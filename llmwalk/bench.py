@@ -1,4 +1,4 @@
-"""Benchmarks, one subcommand each: `python -m llmwalk.bench generate|quantization|speculative|widgets [--threads N]`.
+"""Benchmarks, one subcommand each: `python -m llmwalk.bench generate|prefill|quantization|speculative|widgets [--threads N]`.
 
 Every subcommand is a function taking the parsed arguments, registered in `build_parser`. The numbers are wall
 time on a machine that may be doing other things, so the contenders run in the same process, interleaved.
@@ -219,6 +219,48 @@ def bench_generate(args: argparse.Namespace) -> None:
             print(f"{n:>6} | {name:22} {t.ttft:>7.3f} {t.tokens_per_second:>12.1f} {t.peak_mb:>8.0f} | {ratios}")
 
 
+def memory_bandwidth(nbytes: int = 2**28, repeats: int = 5) -> float:
+    """Bytes per second this process reads from memory: a sum over a float32 tensor of `nbytes` (far larger than
+    any CPU cache), the fastest of `repeats` runs. Decoding reads every weight once per token, so weight bytes ÷
+    this is the fastest a token can come (the roofline)."""
+    x = torch.ones(nbytes // 4)
+    x.sum()                                              # first touch: page faults, not reads
+    best = float("inf")
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - tic)
+    return nbytes / best
+
+
+def bench_prefill(args: argparse.Namespace) -> None:
+    """Time to first token (a prompt in, one token out): llmwalk vs transformers, interleaved, per prompt length."""
+    from transformers.utils import logging
+    logging.set_verbosity_error()
+    model = load_model(args.model, progress=False)
+    head = decoding_head(model)
+    hf = load_transformers(args.model)
+    print(f"{model.config.name}, fp32, time to first token of a greedy generate of 1 token (the prompt's forward "
+          f"pass, final norm and LM head on the last position), median of {args.repeats} interleaved runs. "
+          "ratio: transformers' seconds / llmwalk's (above 1: llmwalk is faster).")
+    contenders = {"llmwalk": lambda ids: llmwalk_run(model, ids, 1, True, head)()[0],
+                  "transformers": lambda ids: transformers_run(hf, ids, 1)()[0]}
+    warm = prompt_ids(model, 8)          # first calls pay one-off costs (allocator, lazy initialisation)
+    for ttft in contenders.values():
+        ttft(warm)
+    header = f"{'prompt':>6} | {'llmwalk s':>9} {'transformers s':>14} | {'ratio':>6}"
+    print(header)
+    print("-" * len(header))
+    for n in sorted(args.prompt_lengths):
+        ids = prompt_ids(model, n)
+        seconds: dict[str, list[float]] = {name: [] for name in contenders}
+        for _ in range(args.repeats):
+            for name, ttft in contenders.items():
+                seconds[name].append(ttft(ids))
+        ours, theirs = (statistics.median(seconds[name]) for name in ("llmwalk", "transformers"))
+        print(f"{n:>6} | {ours:>9.3f} {theirs:>14.3f} | {theirs / ours:>5.2f}x", flush=True)
+
+
 def bench_quantization(args: argparse.Namespace) -> None:
     """Decode speed and weight memory of the quantized model (torch's int8 / int4 kernels) vs fp32 and transformers."""
     from transformers.utils import logging
@@ -248,12 +290,21 @@ def bench_quantization(args: argparse.Namespace) -> None:
     for _ in range(args.repeats):
         for name, run in runs.items():
             times[name].append(measure(run))
+    bandwidth = memory_bandwidth()
+    print(f"memory read bandwidth (sum over a 256 MB tensor, fastest of 5, this run): {bandwidth / 1e9:.1f} GB/s. "
+          "roofline: the format's weight bytes / bandwidth, its fastest possible decode; % roofline: how near "
+          "the format gets (below: per-operation overhead rather than memory bounds it).")
     fp32 = median(times["llmwalk fp32"]).tokens_per_second
-    print(f"{'weights':22} {'MB':>7} {'decode tok/s':>12} {'x llmwalk fp32':>14}")
+    print(f"{'weights':22} {'MB':>7} {'decode tok/s':>12} {'x llmwalk fp32':>14} {'roofline tok/s':>14} "
+          f"{'% roofline':>10}")
     for name, ts in times.items():
-        mb = f"{model_weight_bytes(variants[name]) / 1e6:7.1f}" if name in variants else f"{'':7}"
         tps = median(ts).tokens_per_second
-        print(f"{name:22} {mb} {tps:12.1f} {tps / fp32:13.2f}x")
+        if name in variants:
+            nbytes = model_weight_bytes(variants[name])
+            limit = bandwidth / nbytes
+            print(f"{name:22} {nbytes / 1e6:7.1f} {tps:12.1f} {tps / fp32:13.2f}x {limit:14.1f} {tps / limit:10.0%}")
+        else:
+            print(f"{name:22} {'':7} {tps:12.1f} {tps / fp32:13.2f}x")
 
 
 # (text, chat): answers that copy their prompt (a sentence to repeat, code to edit), and one with nothing to copy.
@@ -338,16 +389,20 @@ def bench_speculative(args: argparse.Namespace) -> None:
 
 
 WIDGET_PROMPT = "The capital of France is"
+LEARNER_TOKENS = 150      # the attention widget is also timed on a prompt of this many tokens
 
 
 def bench_widgets(args: argparse.Namespace) -> None:
     """Each widget's control-change-to-figure time: a new value set, the figure redrawn and rendered to PNG."""
     import matplotlib
     matplotlib.use("Agg")                    # headless: the widgets render PNGs themselves
+    from .viz.attention import attention_step_widget
     from .viz.widgets import attention_widget, generation_widget, sampling_widget
     from .walk import forward
     model = load_model(args.model, progress=False)
     trace = forward(model, model.tokenizer.encode(WIDGET_PROMPT))
+    long_ids = model.tokenizer.encode(" ".join([WIDGET_PROMPT + " Paris."] * 30))[:LEARNER_TOKENS]
+    long_trace = forward(model, long_ids)            # a paragraph a learner pastes
     n_layer, n_head = model.config.n_layer, model.config.n_head
     temperatures, top_ks = (0.5, 0.8, 1.2, 1.5), (0, 5, 20)
 
@@ -357,6 +412,11 @@ def bench_widgets(args: argparse.Namespace) -> None:
                                           150),
         "attention: layer / head": (attention_widget(trace, model.tokenizer),
                                     lambda w, i: w.set(layer=(i + 1) % n_layer, head=(i + 1) % n_head), 100),
+        f"attention, {len(long_ids)} tokens": (attention_widget(long_trace, model.tokenizer),
+                                              lambda w, i: w.set(layer=(i + 1) % n_layer, head=(i + 1) % n_head),
+                                              100),
+        "attention step: query token": (attention_step_widget(trace, model),
+                                        lambda w, i: w.set(head=(i + 1) % n_head, query=i % len(trace.ids)), 100),
         "generation: 'next token' click": (generation_widget(model, WIDGET_PROMPT), lambda w, i: w.next(), 150),
     }
     print(f"{model.config.name}, prompt {WIDGET_PROMPT!r}: milliseconds from a control change to the new PNG "
@@ -373,6 +433,7 @@ def bench_widgets(args: argparse.Namespace) -> None:
             change(widget, i)
             seconds.append(time.perf_counter() - tic)
         print(f"{name:32} {1000 * statistics.median(seconds):9.0f} {1000 * min(seconds):7.0f} {goal:7}")
+    print(f"peak memory of this process (model, two recorded traces, the widgets' figures): {peak_rss_mb():.0f} MB")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -388,6 +449,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--repeats", type=int, default=3, help="interleaved runs of the cached contenders")
     gen.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
     gen.set_defaults(run=bench_generate)
+
+    pre = sub.add_parser("prefill", parents=[common], help=bench_prefill.__doc__)
+    pre.add_argument("--prompt-lengths", type=int, nargs="+", default=[16, 128, 512, 1024], metavar="N")
+    pre.add_argument("--repeats", type=int, default=5, help="interleaved runs per prompt length")
+    pre.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
+    pre.set_defaults(run=bench_prefill)
 
     quant = sub.add_parser("quantization", parents=[common], help=bench_quantization.__doc__)
     quant.add_argument("--prompt-length", type=int, default=16, metavar="N")

@@ -175,8 +175,12 @@ def counted(fn: Callable[[], R]) -> tuple[int, R]:
 
 def measured_flops(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None = None,
                    last_only: bool = False) -> int:
-    """FLOPs torch counts while llmwalk's `forward` runs once (`counted`)."""
-    return counted(lambda: forward(model, ids, cache=cache, record=False, last_only=last_only))[0]
+    """FLOPs torch counts while llmwalk's `forward` runs once (`counted`), on the readable path.
+
+    record=True: the unrecorded fast path hands attention to torch's fused kernel, whose products
+    FlopCounterMode does not count; the readable path computes the same numbers with plain matrix products.
+    """
+    return counted(lambda: forward(model, ids, cache=cache, record=True, last_only=last_only))[0]
 
 
 # ---------------------------------------------------------------- memory

@@ -7,8 +7,10 @@ prompt is run once (prefill) and every later round feeds only the token chosen l
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -95,8 +97,38 @@ def cut_at_eos(model: "Model", new_ids: Sequence[int], eos_ids: frozenset[int]) 
 
 
 @dataclass(frozen=True)
-class _Loop:
-    """Checked settings of one generation, and the loop that runs it."""
+class Pass:
+    """One forward pass of the loop: the token ids that went in, and how many layers ran on them."""
+
+    ids: tuple[int, ...]
+    layers: int
+
+
+PassHook = Callable[[Pass], None]
+_watchers: ContextVar[tuple[PassHook, ...]] = ContextVar("llmwalk_pass_watchers", default=())
+
+
+@contextmanager
+def watching(on_pass: PassHook) -> Iterator[None]:
+    """Call on_pass(Pass) after every forward pass of every loop that runs while the block does.
+
+    The loop's own hook point (TransformerLens's `with model.hooks(...)` pattern): every pass of generate and
+    generate_stream is reported here, nothing is patched. Nested blocks all see the passes.
+    """
+    token = _watchers.set(_watchers.get() + (on_pass,))
+    try:
+        yield
+    finally:
+        _watchers.reset(token)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """Checked settings of one generation, and the loop that runs it (made by `prepare`).
+
+    One round is `next_logits` (the model on what is not cached yet) then `choose` (the Sampler picks a token):
+    `steps` runs them in turn; a step-through widget calls them one click at a time.
+    """
 
     model: "Model"
     prompt_ids: list[int]
@@ -107,25 +139,45 @@ class _Loop:
     eos_ids: frozenset[int]                 # empty when stop_at_eos=False
     top_n: int
     head: Tensor | None
+    hooks: Mapping[str, Callable[[Tensor], Tensor]] | None = None   # forward's hook points, on every pass
 
     def steps(self) -> Iterator[Step]:
         """Run the rounds, yielding each Step as soon as its token is chosen."""
         ids = list(self.prompt_ids)
         for index in range(1, self.max_new_tokens + 1):
             tic = time.perf_counter()
-            # Without a cache every round reruns the whole prefix. With one, only the positions not cached yet:
-            # the whole prompt in round 1 (prefill), then the single token chosen in the previous round.
-            new = ids if self.cache is None else ids[self.cache.length:]
-            trace = forward(self.model, new, self.cache, record=False, last_only=True, head=self.head)
-            logits = trace.logits[0].float()             # [vocab]; a bf16/fp16 model's logits sampled in fp32
-            probs = self.sampler.probs(logits)           # filtered once: drawn from, and the chosen token's prob
-            token_id = int(self.sampler.choose(probs, self.generator))
-            step = Step(index, len(new), len(ids), token_id, self._piece(token_id), float(probs[token_id]),
-                        self._top(logits), time.perf_counter() - tic)
-            ids.append(token_id)
+            new, logits = self.next_logits(ids)
+            step = self.choose(index, ids, new, logits, tic)
+            ids.append(step.token_id)
             yield step
-            if token_id in self.eos_ids:
+            if step.token_id in self.eos_ids:
                 return
+
+    def next_logits(self, ids: Sequence[int]) -> tuple[int, Tensor]:
+        """Run the model on `ids` (the sequence so far): (tokens it ran on, the next token's logits).  # -> [vocab]
+
+        Without a cache every round reruns the whole prefix. With one, only the positions not cached yet: the
+        whole prompt in round 1 (prefill), then the single token chosen in the previous round.
+        """
+        new = list(ids) if self.cache is None else list(ids[self.cache.length:])
+        watchers, ran = _watchers.get(), []
+        hooks = dict(self.hooks or {})
+        if watchers:                        # count the layers that really ran, by forward's own hook point
+            for i in range(self.model.config.n_layer):
+                hooks[f"blocks.{i}.resid_post"] = _counting(ran, hooks.get(f"blocks.{i}.resid_post"))
+        trace = forward(self.model, new, self.cache, record=False, last_only=True, head=self.head,
+                        hooks=hooks or None)
+        for watch in watchers:
+            watch(Pass(tuple(new), len(ran)))
+        return len(new), trace.logits[0].float()       # a bf16/fp16 model's logits sampled in fp32
+
+    def choose(self, index: int, ids: Sequence[int], input_len: int, logits: Tensor, tic: float) -> Step:
+        """Round `index`'s token from its logits ([vocab]) after `ids`: the Sampler draws it (filtered once: the
+        distribution drawn from gives the chosen token's prob). `tic` is when the round started."""
+        probs = self.sampler.probs(logits)
+        token_id = int(self.sampler.choose(probs, self.generator))
+        return Step(index, input_len, len(ids), token_id, self._piece(token_id), float(probs[token_id]),
+                    self._top(logits), time.perf_counter() - tic)
 
     def _top(self, logits: Tensor) -> tuple[tuple[int, str, float], ...]:
         """The top_n tokens of the raw softmax at temperature 1.  # [vocab] -> top_n triples"""
@@ -134,6 +186,14 @@ class _Loop:
 
     def _piece(self, token_id: int) -> str:
         return self.model.tokenizer.pieces([token_id])[0]
+
+
+def _counting(ran: list, then: Callable[[Tensor], Tensor] | None) -> Callable[[Tensor], Tensor]:
+    """A resid_post hook that notes the layer ran, then applies the caller's own hook there, if any."""
+    def hook(x: Tensor) -> Tensor:
+        ran.append(1)
+        return x if then is None else then(x)
+    return hook
 
 
 def _is_int(x) -> bool:
@@ -156,7 +216,8 @@ def _prompt_ids(model: "Model", prompt, chat: bool) -> list[int]:
 
 def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, *, max_new_tokens: int, sampler: Sampler,
             seed: int | None = None, generator: torch.Generator | None = None, kv_cache: bool = True,
-            chat: bool = False, stop_at_eos: bool = True, top_n: int = 5, head: Tensor | None = None) -> _Loop:
+            chat: bool = False, stop_at_eos: bool = True, top_n: int = 5, head: Tensor | None = None,
+            hooks: Mapping[str, Callable[[Tensor], Tensor]] | None = None) -> Loop:
     """Check every argument and encode the prompt, before any forward pass."""
     config = model.config
     if model.tokenizer is None:
@@ -192,26 +253,28 @@ def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, *, max_new_tok
                          f"tokens is longer than {config.name}'s context length of {config.context_length}: "
                          + (" or ".join(fixes) or "shorten the prompt and lower max_new_tokens"))
     cache = KVCache.empty(config, len(ids) + max_new_tokens) if kv_cache else None
-    return _Loop(model, ids, max_new_tokens, sampler, generator, cache, model.eos_ids if stop_at_eos else frozenset(),
-                 top_n, head)
+    return Loop(model, ids, max_new_tokens, sampler, generator, cache, model.eos_ids if stop_at_eos else frozenset(),
+                top_n, head, hooks)
 
 
 def generate_stream(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32, *,
                     temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
                     min_p: float | None = None, seed: int | None = None, generator: torch.Generator | None = None,
                     kv_cache: bool = True, chat: bool = False, stop_at_eos: bool = True, top_n: int = 5,
-                    head: Tensor | None = None) -> Iterator[Step]:
+                    head: Tensor | None = None,
+                    hooks: Mapping[str, Callable[[Tensor], Tensor]] | None = None) -> Iterator[Step]:
     """`generate`, one Step at a time as each token is chosen (arguments are checked now, not at the first next())."""
     return prepare(model, prompt, max_new_tokens=max_new_tokens, sampler=Sampler(temperature, top_k, top_p, min_p),
                    seed=seed, generator=generator, kv_cache=kv_cache, chat=chat, stop_at_eos=stop_at_eos,
-                   top_n=top_n, head=head).steps()
+                   top_n=top_n, head=head, hooks=hooks).steps()
 
 
 def generate(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32, *,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              min_p: float | None = None, seed: int | None = None, generator: torch.Generator | None = None,
              kv_cache: bool = True, chat: bool = False, stop_at_eos: bool = True, top_n: int = 5,
-             head: Tensor | None = None) -> Generation:
+             head: Tensor | None = None,
+             hooks: Mapping[str, Callable[[Tensor], Tensor]] | None = None) -> Generation:
     """Continue `prompt` (text, or token ids) by up to max_new_tokens tokens.  # [T] -> Generation
 
     temperature=0 is greedy; above 0 the token is drawn after top_k / top_p / min_p filtering, and a seed (or
@@ -219,10 +282,11 @@ def generate(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_token
     Stops after an EOS token (kept in new_ids, not in text) unless stop_at_eos=False. kv_cache=False reruns
     the whole prefix every round, as the article's first loop does; the tokens are the same either way.
     head=decoding_head(model), made once and reused, speeds up every token (same numbers, faster memory order).
+    `hooks` (forward's hook points, "blocks.{i}.{point}") apply on every round's pass; `watching` sees each pass.
     """
     loop = prepare(model, prompt, max_new_tokens=max_new_tokens, sampler=Sampler(temperature, top_k, top_p, min_p),
                    seed=seed, generator=generator, kv_cache=kv_cache, chat=chat, stop_at_eos=stop_at_eos,
-                   top_n=top_n, head=head)
+                   top_n=top_n, head=head, hooks=hooks)
     steps = list(loop.steps())
     new_ids, text, stopped = cut_at_eos(model, [s.token_id for s in steps], loop.eos_ids)
     return Generation(loop.prompt_ids, new_ids, text, steps, stopped, loop.cache)

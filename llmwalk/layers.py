@@ -1,7 +1,7 @@
 """Section 四: the layer every token passes through N times — norm, attention, FFN, residual."""
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,18 @@ def linear(x: Tensor, w: Linear) -> Tensor:
     """x @ W + b.  # [T, d_in] -> [T, d_out]"""
     y = matmul(x, w.weight)
     return y + w.bias if w.bias is not None else y
+
+
+def linears(x: Tensor, lins: Sequence[Linear]) -> list[Tensor]:
+    """[linear(x, l) for l in lins], as one product when their weights are column slices of one stored matrix
+    (quantize_model fuses q/k/v and gate/up so): one kernel call per token instead of three.  # [T, d_in] -> [[T, d_out_i]]
+    """
+    parents = [getattr(lin.weight, "parent", None) for lin in lins]
+    if len(lins) < 2 or parents[0] is None or any(p is None or p[0] is not parents[0][0] for p in parents):
+        return [linear(x, lin) for lin in lins]
+    y = matmul(x, parents[0][0])                                  # [T, Σ d_out]
+    return [y[:, start:end] if lin.bias is None else y[:, start:end] + lin.bias
+            for (_, start, end), lin in zip(parents, lins)]
 
 
 def layer_norm(x: Tensor, w: Norm, eps: float) -> Tensor:
@@ -93,9 +105,8 @@ def project_qkv(x: Tensor, block: Block, config: Config,
 
     # [T, d_model] -> ([n_head, T, d_head], [n_kv_head, T, d_head], [n_kv_head, T, d_head])
     """
-    q = split_heads(linear(x, block.attn_q), config.n_head)
-    k = split_heads(linear(x, block.attn_k), config.n_kv_head)
-    v = split_heads(linear(x, block.attn_v), config.n_kv_head)
+    q, k, v = linears(x, (block.attn_q, block.attn_k, block.attn_v))
+    q, k, v = split_heads(q, config.n_head), split_heads(k, config.n_kv_head), split_heads(v, config.n_kv_head)
     if block.attn_q_norm is not None:                            # Gemma-3 normalizes each head's q and k
         q = rms_norm(q, block.attn_q_norm, config.norm_eps)
         k = rms_norm(k, block.attn_k_norm, config.norm_eps)
@@ -126,17 +137,19 @@ def mix_values(weights: Tensor, v: Tensor) -> Tensor:
     return (weights.reshape(n_kv, n_head // n_kv * t, s) @ v).view(n_head, t, -1)
 
 
-def attention(x: Tensor, block: Block, config: Config, mask: Tensor,
+def attention(x: Tensor, block: Block, config: Config, mask: Tensor | None,
               rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None,
               hook: Hook | None = None) -> AttentionOut:
     """Causal self-attention, multi-head or grouped-query.  # [T, d_model] -> [T, d_model]
 
     With a `cache`, the new keys/values are appended to it and the queries attend to all cached positions;
-    `mask` is [T, S] with S = cached + T. `hook("attn.z", z)` may replace the heads' outputs before W_O.
+    `mask` is [T, S] with S = cached + T (None: the plain causal mask, S = T). `hook("attn.z", z)` may replace
+    the heads' outputs before W_O.
     """
     q, k, v = project_qkv(x, block, config, rope)
     if cache is not None:
         k, v = cache.update(k, v)                                # (nkv, S, hs)
+    mask = causal_mask(q.shape[1], k.shape[1]) if mask is None else mask
     scores = attention_scores(q, k, config)                      # (nh, T, S)
     scores = scores.masked_fill(~mask, float("-inf"))            # the future is not there to look at
     weights = torch.softmax(scores, dim=-1)
@@ -146,25 +159,27 @@ def attention(x: Tensor, block: Block, config: Config, mask: Tensor,
     return AttentionOut(linear(merge_heads(z), block.attn_output), weights, q, k, v, z)
 
 
-def attention_fast(x: Tensor, block: Block, config: Config, mask: Tensor,
+def attention_fast(x: Tensor, block: Block, config: Config, mask: Tensor | None,
                    rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None,
                    hook: Hook | None = None) -> AttentionOut:
     """`attention` through torch's fused scaled_dot_product_attention: the same output, weights None.
 
     For passes that record nothing (generation): the [n_head, T, S] scores and their softmax are never stored,
-    which at long prompts costs more time than the rest of attention.  # [T, d_model] -> [T, d_model]
+    which at long prompts costs more time than the rest of attention. mask=None: the plain causal mask over
+    S = T positions, which the kernel applies itself without building it.  # [T, d_model] -> [T, d_model]
     """
     if x.shape[0] == 1:   # one new token (decoding): the plain path is as fast, and reads the cache without a copy
         return attention(x, block, config, mask, rope, cache, hook)
     q, k, v = project_qkv(x, block, config, rope)
     if cache is not None:
-        # The cache hands back views into a longer buffer; the fused kernel is ~400x slower on non-contiguous k/v.
-        k, v = (a.contiguous() for a in cache.update(k, v))      # (nkv, S, hs)
-    n_kv, t = k.shape[0], q.shape[1]
-    group = config.n_head // n_kv
-    # GQA as in attention_scores: a group's query heads stacked along T (no copy of k/v), the mask repeated to match.
-    z = F.scaled_dot_product_attention(q.reshape(n_kv, group * t, -1), k, v, attn_mask=mask.repeat(group, 1),
-                                       scale=config.scale).view(config.n_head, t, -1)   # (nh, T, hs)
+        k, v = cache.update(k, v)                                # (nkv, S, hs)
+    # torch's CPU flash kernel takes only 4-D [batch, head, T, d_head] inputs with as many key heads as query heads;
+    # anything else falls back to a plain implementation that stores the scores (several times slower). So each key
+    # head is copied for the query heads of its group (GQA), which also makes k/v contiguous.
+    group = config.n_head // k.shape[0]
+    k_all, v_all = (a.repeat_interleave(group, dim=0)[None] for a in (k, v))   # (1, nh, S, hs)
+    z = F.scaled_dot_product_attention(q[None], k_all, v_all, attn_mask=mask, is_causal=mask is None,
+                                       scale=config.scale)[0]                  # (nh, T, hs)
     if hook is not None:
         z = hook("attn.z", z)
     return AttentionOut(linear(merge_heads(z), block.attn_output), None, q, k, v, z)
@@ -179,7 +194,8 @@ def ffn(x: Tensor, block: Block, config: Config) -> tuple[Tensor, Tensor]:
         hidden = F.gelu(linear(x, block.ffn_up), approximate="tanh")
     else:
         act = F.silu if config.ffn == "swiglu" else (lambda g: F.gelu(g, approximate="tanh"))
-        hidden = act(linear(x, block.ffn_gate)) * linear(x, block.ffn_up)
+        gate, up = linears(x, (block.ffn_gate, block.ffn_up))
+        hidden = act(gate) * up
     return linear(hidden, block.ffn_down), hidden
 
 

@@ -11,8 +11,9 @@ computes `x @ w.weight` (through `layers.matmul`), and `QuantizedTensor.__rmatmu
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
 
 import torch
 from torch import Tensor
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from .models import Model
 
 LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# Linears that read the same input: quantize_model(fuse=True) stores each group as one matrix, multiplied once.
+FUSED = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
 # torch's CPU kernels that multiply integer codes directly. They are private (aten._…) and come and go between
 # torch versions (pyproject allows torch >= 2.4), so each is used only if this torch has it; otherwise a product
 # dequantizes the weight and multiplies in the activations' dtype: slower, the same maths.
@@ -47,6 +50,9 @@ class QuantizedTensor:
     codes: Tensor               # int8 [d_in, d_out], or uint8 [d_in / 2, d_out] for 4 bits
     scales: Tensor              # float32 [n_groups, d_out]: one per output column and group of d_in rows
     zeros: Tensor | None = None  # float32 [n_groups, d_out]: the (fractional) code of 0.0, asymmetric only
+    # (whole matrix, first column, end column) when this is a column slice of a fused matrix (see `columns`).
+    # Not a field: the numbers are the whole's, counted once through the slices that hold views of them.
+    parent: ClassVar[tuple["QuantizedTensor", int, int] | None] = None
 
     @property
     def bits(self) -> int:
@@ -87,6 +93,14 @@ class QuantizedTensor:
             shift = torch.zeros_like(self.scales) if self.zeros is None else -self.scales * self.zeros
             return packed, torch.stack([self.scales, shift], dim=-1).bfloat16()    # [n_groups, d_out, 2]
         return None
+
+    def columns(self, start: int, end: int) -> "QuantizedTensor":
+        """Output columns start..end-1 as a matrix of their own, sharing this one's storage and remembering it
+        (layers.linears then multiplies the whole once for all its slices).  # -> [d_in, end - start]"""
+        part = QuantizedTensor(self.codes[:, start:end], self.scales[:, start:end],
+                               None if self.zeros is None else self.zeros[:, start:end])
+        object.__setattr__(part, "parent", (self, start, end))
+        return part
 
     def __rmatmul__(self, x: Tensor) -> Tensor:
         """x @ w, with torch's integer kernel when one fits (bf16 activations), else dequantized.  # [T, d_in] -> [T, d_out]"""
@@ -139,6 +153,18 @@ def quantize_tensor(w: Tensor, bits: int = 8, group_size: int | None = None,
     shifted = groups / scale[..., None] + (0 if zero is None else zero[..., None])
     rows = shifted.round().clamp(low, top).reshape(d_out, d_in).to(torch.int8)
     return QuantizedTensor((rows if bits == 8 else _pack4(rows)).T, scale.T, None if zero is None else zero.T)
+
+
+def quantize_fused(ws: Sequence[Tensor], bits: int = 8, group_size: int | None = None,
+                   symmetric: bool = True) -> list[QuantizedTensor]:
+    """Quantize matrices that read the same input as one [d_in, Σ d_out] matrix and return each one's columns.
+
+    Scales are per output column (and group of rows), so every code is the one quantize_tensor gives the matrix
+    alone: fusing changes how many products run per token, not a number.  # [d_in, d_out_i]... -> slices
+    """
+    whole = quantize_tensor(torch.cat(list(ws), dim=1), bits, group_size, symmetric)
+    ends = list(accumulate(w.shape[1] for w in ws))
+    return [whole.columns(end - w.shape[1], end) for w, end in zip(ws, ends)]
 
 
 def dequantize_tensor(q: QuantizedTensor) -> Tensor:
@@ -218,6 +244,19 @@ def map_linears(weights: Weights, fn: Callable) -> Weights:
     return replace(weights, blocks=tuple(block(b) for b in weights.blocks))
 
 
+def map_fused_linears(weights: Weights, fn: Callable) -> Weights:
+    """Weights with fn applied to each FUSED group of a block's linear weights at once (fn: list -> list)."""
+    def block(b):
+        new = {}
+        for group in FUSED:
+            names = [n for n in group if getattr(b, n) is not None]        # GPT-2 has no ffn_gate
+            if names:
+                outs = fn([getattr(b, n).weight for n in names])
+                new.update({n: replace(getattr(b, n), weight=w) for n, w in zip(names, outs)})
+        return replace(b, **new)
+    return replace(weights, blocks=tuple(block(b) for b in weights.blocks))
+
+
 def map_tables(weights: Weights, fn: Callable) -> Weights:
     """Weights with fn applied to the token table and the LM head (once when they are tied)."""
     table = fn(weights.token_embd)
@@ -226,12 +265,14 @@ def map_tables(weights: Weights, fn: Callable) -> Weights:
 
 
 def quantize_model(model: "Model", bits: int = 8, group_size: int | None = None, symmetric: bool = True,
-                   embeddings: bool = False) -> "Model":
+                   embeddings: bool = False, *, fuse: bool = True) -> "Model":
     """The same model with the matrices of every layer quantized; runs through the same `forward`.
 
     The token table / LM head stays fp32 unless embeddings=True: it is a fifth of SmolLM2's weights, and
     every logit goes through it. Int8 per-channel symmetric weights use torch's int8 kernel; other formats
     are dequantized on the fly inside each product (slower than fp32: a format for accuracy studies).
+    fuse=True stores q/k/v and gate/up as one matrix each (quantize_fused): the same numbers, fewer products per
+    token; fuse=False quantizes every matrix on its own.
     """
     stored = [getattr(b, n).weight for b in model.weights.blocks for n in LINEARS if getattr(b, n) is not None]
     if not all(isinstance(w, Tensor) for w in [*stored, model.weights.token_embd]):
@@ -239,7 +280,10 @@ def quantize_model(model: "Model", bits: int = 8, group_size: int | None = None,
                          "(or lw.dequantize_model(model) first, which keeps the rounding errors it already has)")
     def quant(w: Tensor) -> QuantizedTensor:
         return quantize_tensor(w, bits, group_size, symmetric)
-    weights = map_linears(model.weights, quant)
+    if fuse:
+        weights = map_fused_linears(model.weights, lambda ws: quantize_fused(ws, bits, group_size, symmetric))
+    else:
+        weights = map_linears(model.weights, quant)
     if embeddings:
         weights = map_tables(weights, lambda t: QuantizedTable(quant(t.T)))
     fmt = f"int{bits}" + (f" g{group_size}" if group_size else " per-channel") + ("" if symmetric else " asym")

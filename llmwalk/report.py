@@ -6,6 +6,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from enum import Enum
 
+from .i18n import t
+
 
 def _width(s: str) -> int:
     """Columns a string takes in a terminal: CJK characters take two."""
@@ -64,13 +66,18 @@ class Verdict(str, Enum):
     """How one measurement answers one claim of the article. The only rule set: every claim's verdict comes from
     `Verdict.of` (a claim's point and its details) or `Verdict.of_number` (a claim that is a number)."""
 
-    HOLDS = "✓ holds"
-    ROUGHLY = "≈ roughly"
+    HOLDS = "✓ holds"                        # the values are the English labels; code compares members and
+    ROUGHLY = "≈ roughly"                     # str() shows the label of the current language (llmwalk.i18n)
     DIFFERS = "✗ differs"
     UNCHECKABLE = "— not checkable here"
 
     def __str__(self) -> str:
-        return self.value
+        return {Verdict.HOLDS: t("report.verdict.holds"), Verdict.ROUGHLY: t("report.verdict.roughly"),
+                Verdict.DIFFERS: t("report.verdict.differs"),
+                Verdict.UNCHECKABLE: t("report.verdict.uncheckable")}[self]
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
 
     @classmethod
     def of(cls, point: bool, details: bool = True) -> "Verdict":
@@ -87,10 +94,14 @@ class Verdict(str, Enum):
         return cls.HOLDS if r <= 1 + CLOSE else cls.ROUGHLY if r <= ROUGH else cls.DIFFERS
 
 
-RULES = (f"verdicts — {Verdict.HOLDS}: the claim's point and every detail hold (a number: within {CLOSE:.0%}); "
-         f"{Verdict.ROUGHLY}: the point holds, a detail does not (a number: within ×{ROUGH:g});\n"
-         f"{Verdict.DIFFERS}: the measurement contradicts the point (a number: off by more than ×{ROUGH:g}); "
-         f"{Verdict.UNCHECKABLE}: nothing offline can measure it (llmwalk.report.Verdict)")
+
+
+def verdict_rules() -> str:
+    """The verdict rules in the current language, as printed under every claims table."""
+    return t("report.rules", holds=Verdict.HOLDS, roughly=Verdict.ROUGHLY, differs=Verdict.DIFFERS,
+             uncheckable=Verdict.UNCHECKABLE, close=f"{CLOSE:.0%}", rough=f"{ROUGH:g}")
+
+
 SECTION_NOTEBOOKS = {"一": "01_one_second.ipynb", "二": "02_tokenization.ipynb", "三": "03_embedding.ipynb",
                      "四": "04_layers.ipynb", "五": "05_lm_head.ipynb", "六": "06_sampling.ipynb",
                      "七": "07_autoregressive.ipynb", "八": "08_cost.ipynb", "九": "09_the_journey.ipynb"}
@@ -116,10 +127,12 @@ class Claim:
             raise TypeError(f"Claim.verdict must be a Verdict (Verdict.of / Verdict.of_number), got {self.verdict!r}")
 
 
-def claims_table(claims: list[Claim], title: str = "The article says / we measured", rules: bool = True) -> Table:
-    """The closing table of each notebook, with the verdict rules under it."""
-    return table([(c.section, c.article, c.measured, c.verdict.value) for c in claims],
-                 ("§", "the article says", "we measured", "verdict"), title, note=RULES if rules else "")
+def claims_table(claims: list[Claim], title: str | None = None, rules: bool = True) -> Table:
+    """The closing table of each notebook, with the verdict rules under it (title None: "The article says / we
+    measured" in the current language)."""
+    return table([(c.section, c.article, c.measured, str(c.verdict)) for c in claims],
+                 ("§", t("report.claims.article"), t("report.claims.measured"), t("report.claims.verdict")),
+                 t("report.claims.title") if title is None else title, note=verdict_rules() if rules else "")
 
 
 @dataclass(frozen=True)
@@ -130,13 +143,14 @@ class Tables:
     links: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
-        return "\n\n".join(repr(t) for t in self.tables)
+        return "\n\n".join(repr(table) for table in self.tables)
 
     def _repr_html_(self) -> str:
         parts = []
-        for i, t in enumerate(self.tables):
+        for i, table in enumerate(self.tables):
             link = self.links[i] if i < len(self.links) else ""
-            parts.append((f"<p><a href='{html.escape(link)}'>{html.escape(link)}</a></p>" if link else "") + t._repr_html_())
+            parts.append((f"<p><a href='{html.escape(link)}'>{html.escape(link)}</a></p>" if link else "")
+                         + table._repr_html_())
         return "".join(parts)
 
 
@@ -144,7 +158,8 @@ def claims_by_section(claims: list[Claim]) -> Tables:
     """One claims table per section of the article, each titled with (and linking to) the notebook that measures it."""
     sections = list(dict.fromkeys(c.section for c in claims))
     groups = {s: [c for c in claims if c.section == s] for s in sections}
-    tables = tuple(claims_table(group, f"§{s}: {len(group)} claim{'s' * (len(group) > 1)} — notebook "
-                                       f"{SECTION_NOTEBOOKS.get(s, '?')}", rules=s == sections[-1])
-                   for s, group in groups.items())
+    titles = {s: t("report.claims.section_one", section=s, notebook=SECTION_NOTEBOOKS.get(s, "?")) if len(group) == 1
+              else t("report.claims.section_many", section=s, n=len(group), notebook=SECTION_NOTEBOOKS.get(s, "?"))
+              for s, group in groups.items()}
+    tables = tuple(claims_table(group, titles[s], rules=s == sections[-1]) for s, group in groups.items())
     return Tables(tables, tuple(SECTION_NOTEBOOKS.get(s, "") for s in sections))

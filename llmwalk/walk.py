@@ -1,4 +1,5 @@
-"""Section 九: one walk through the model. `forward` returns a trace holding every intermediate."""
+"""Section 九: one walk through the model. `forward` returns a trace holding every intermediate; `journey` times
+the walk of one prompt stage by stage (sections 一 and 九) and lets the loop write the whole answer."""
 from __future__ import annotations
 
 import time
@@ -10,12 +11,14 @@ import torch
 from torch import Tensor
 
 from .embedding import position_embedding, rope_angles, token_embedding
-from .head import lm_head
+from .head import lm_head, softmax
 from .kv_cache import KVCache
 from .layers import BlockOut, block_forward, causal_mask, norm
+from .sampling import greedy
 from .weights import Config
 
 if TYPE_CHECKING:
+    from .generation import Generation
     from .models import Model
 
 
@@ -153,7 +156,9 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     if config.position == "rope":
         for theta in {config.theta(i) for i in range(config.n_layer)}:
             ropes[theta] = rope_angles(positions, config.d_head, theta)
-    masks = {win: causal_mask(t, start + t, win) for win in {config.window(i) for i in range(config.n_layer)}}
+    # A pass that records nothing runs attention_fast, whose kernel applies the plain causal mask itself (None).
+    masks = {win: None if not record and start == 0 and (win is None or win >= t) else causal_mask(t, start + t, win)
+             for win in {config.window(i) for i in range(config.n_layer)}}
     seconds["embedding"] = time.perf_counter() - tic
 
     layers = []
@@ -189,3 +194,55 @@ def _layer_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]], n_layer: int) 
                              f"and point one of {', '.join(HOOK_POINTS)}")
         per_layer[int(parts[1])][parts[2]] = fn
     return [(lambda point, a, h=h: h[point](a) if point in h else a) if h else None for h in per_layer]
+
+
+# ---------------------------------------------------------------- one prompt's journey, stage by stage
+
+@dataclass(frozen=True)
+class Journey:
+    """One prompt's walk: its tokens, the first forward pass, the first answer token, and the whole answer."""
+
+    prompt: str
+    ids: list[int]
+    trace: Trace                # the forward pass over the prompt (final norm and LM head: last position only)
+    probs: Tensor               # [vocab] next-token distribution after the prompt
+    first_token: int
+    answer: Generation          # the greedy answer, token by token (with a KV cache)
+    seconds: dict[str, float]   # wall time per stage of the first token, in the order they happen
+
+    def stages(self) -> list[tuple[str, str, float]]:
+        """(stage, shape of what it produced, seconds) for the first token: the article's pipeline.
+
+        The layers run every position; the final norm and the LM head only the last one, all the next token needs.
+        """
+        c, t = self.trace.final.shape[-1], len(self.ids)
+        layers = sum(v for k, v in self.seconds.items() if k.startswith("layer "))
+        return [("tokenize", f"text → {t} ids", self.seconds["tokenize"]),
+                ("embedding", f"[{t}] → [{t}, {c}]", self.seconds["embedding"]),
+                (f"{len(self.trace.layers)} × (attention + FFN)", f"[{t}, {c}] → [{t}, {c}]", layers),
+                ("final norm, last position", f"[{c}] → [{c}]", self.seconds["final norm"]),
+                ("LM head, last position", f"[{c}] → [{self.probs.numel()}] logits", self.seconds["lm head"]),
+                ("softmax", f"[{self.probs.numel()}] probabilities", self.seconds["softmax"]),
+                ("pick a token", "1 id", self.seconds["pick a token"])]
+
+
+def journey(model: "Model", prompt: str, chat: bool = False, max_new_tokens: int = 20) -> Journey:
+    """Walk `prompt` through the model once, timing every stage, then let the loop write the whole answer.
+
+    As in generation, the final norm and the LM head run on the last position only: trace.logits is [1, vocab].
+    """
+    seconds: dict[str, float] = {}
+    tic = time.perf_counter()
+    ids = model.tokenizer.encode(prompt, chat=chat)
+    seconds["tokenize"] = time.perf_counter() - tic
+    trace = forward(model, ids, last_only=True)
+    seconds.update(trace.seconds)
+    tic = time.perf_counter()
+    probs = softmax(trace.logits[0])
+    seconds["softmax"] = time.perf_counter() - tic
+    tic = time.perf_counter()
+    first = int(greedy(probs))
+    seconds["pick a token"] = time.perf_counter() - tic
+    from .generation import generate       # here: generation is built on forward, defined above
+    answer = generate(model, ids, max_new_tokens=max_new_tokens)
+    return Journey(prompt, ids, trace, probs, first, answer, seconds)

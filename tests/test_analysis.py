@@ -71,3 +71,18 @@ def test_lens_path_last_entry_is_the_models_own_answer(smollm2):
     assert path["rank"][-1] == analysis.rank_of(probs, paris) == 1
     assert path["prob"][-1] == pytest.approx(float(probs[paris]), rel=1e-4)
     assert all(r == 1 for r in path["rank"][path["top1_from"]:]) and path["rank"][path["top1_from"] - 1] != 1
+
+
+def test_kv_cache_check_counts_what_the_formulas_count(smollm2):
+    """torch's FLOP counter on one cached round and on the whole sequence recomputed: cost.py's matrix products
+    (a fused attention kernel the counter cannot see would come out short here)."""
+    from llmwalk.cost import decode_step_flops, flops_by_stage, matmul_flops
+    from llmwalk.kv_cache import kv_cache_bytes
+    config, ids = smollm2.config, smollm2.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
+    r = analysis.kv_cache_check(smollm2, ids)
+    assert r["flops_cached"] == pytest.approx(matmul_flops(decode_step_flops(config, len(ids))), rel=1e-3)
+    assert r["flops_cached"] == analysis.decode_step_measured(smollm2, ids)
+    assert r["flops_recomputed"] == pytest.approx(matmul_flops(flops_by_stage(config, len(ids), last_only=True)),
+                                                  rel=1e-3)
+    assert r["same_token"] and r["max_logit_diff"] < 1e-3
+    assert r["cache_bytes"] == kv_cache_bytes(config, len(ids))

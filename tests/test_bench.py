@@ -67,17 +67,26 @@ def test_bench_quantization_table(run_bench):
     names = [re.split(r"\s{2,}", line)[0] for line in table]
     assert names == ["llmwalk fp32", "int8 layers", "int8 layers + head", "int4 g32 asym layers",
                      "int4 g32 asym + head", "transformers fp32"]
-    assert table[0].endswith(" 1.00x")                                  # fp32 against itself
-    mb = {name: float(line.split()[-3]) for name, line in zip(names, table) if name != "transformers fp32"}
+    assert table[0].split()[4] == "1.00x"                               # fp32 against itself
+    cols = {name: line[22:].split() for name, line in zip(names, table)}
+    mb = {name: float(c[0]) for name, c in cols.items() if name != "transformers fp32"}
     assert mb["int4 g32 asym layers"] < mb["int8 layers"] < mb["llmwalk fp32"]
+    gbps = float(re.search(r"bandwidth .*?: ([\d.]+) GB/s", "\n".join(out)).group(1))
+    for name, (size, tps, _, limit, share) in ((n, c) for n, c in cols.items() if n in mb):
+        # roofline = bandwidth / weight bytes, and % roofline = tok/s / roofline (to the printed rounding)
+        assert float(limit) == pytest.approx(gbps * 1e3 / float(size), rel=0.06)
+        assert float(share.rstrip("%")) == pytest.approx(100 * float(tps) / float(limit), abs=1.5, rel=0.02)
+    assert len(cols["transformers fp32"]) == 2                          # tok/s and ratio: no weights of ours, no roofline
 
 
 def test_bench_widgets_table(run_bench):
     out = run_bench("widgets", "--repeats", "2")
     check_machine_line(out[0])
-    rows = out[-3:]
+    rows = out[-6:-1]
     assert [re.split(r"\s{2,}", r)[0] for r in rows] == ["sampling: temperature / top-k", "attention: layer / head",
+                                                         "attention, 150 tokens", "attention step: query token",
                                                          "generation: 'next token' click"]
+    assert out[-1].startswith("peak memory")
     for row in rows:
         median, fastest, goal = map(float, row.split()[-3:])
         assert 0 < fastest <= median
@@ -97,3 +106,16 @@ def test_bench_speculative_table(run_bench):
     rows = [dict(zip(columns, line.split(" | "))) for line in out[header + 1:]]
     assert [(r["draft"], r["k"], r["prompt"]) for r in rows] == [("lookup", "2", "no copy"), ("exit1", "2", "no copy")]
     assert all(0 <= float(r["acceptance"]) <= 1 for r in rows)
+
+
+def test_bench_prefill_table(run_bench):
+    out = run_bench("prefill", "--prompt-lengths", "12", "8", "--repeats", "1", "--threads", "1")
+    check_machine_line(out[0])
+    rows = [line for line in out if re.match(r"\s+\d+ \|", line)]
+    assert [int(r.split("|")[0]) for r in rows] == [8, 12]              # sorted by length
+    for row in rows:
+        ours, theirs = map(float, row.split("|")[1].split())
+        ratio = float(row.split("|")[2].strip().rstrip("x"))
+        assert ours > 0 and theirs > 0
+        # the seconds are printed rounded to 1 ms: the ratio must lie within what that rounding allows
+        assert (theirs - 5e-4) / (ours + 5e-4) - 0.005 <= ratio <= (theirs + 5e-4) / (ours - 5e-4) + 0.005

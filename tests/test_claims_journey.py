@@ -10,6 +10,7 @@ from llmwalk import analysis
 from llmwalk import cost
 from llmwalk.claims import autoregressive, embedding, journey as J, layers, lm_head, sampling, tokenization
 from llmwalk.claims import cost as cost_claims
+from llmwalk import i18n
 from llmwalk.report import Verdict
 from llmwalk.report import Claim
 
@@ -51,9 +52,9 @@ def test_chain_every_link(smollm2, chain):
     assert "Paris" in answer.text
     assert J.chain_verdict(k) is Verdict.HOLDS
     shown = J.chain_table(smollm2, k)                                        # one row per link, every link named
-    assert len(shown.rows) == len(k) == len(J.CHAIN_LINKS) and shown.title.endswith("✓ holds")
+    assert len(shown.rows) == len(k) == len(J.chain_links()) and shown.title.endswith("✓ holds")
     first = answer.new_ids[0]
-    assert dict(shown.rows)[J.CHAIN_LINKS["first"]] == f"{smollm2.tokenizer.pieces([first])[0]!r} (id {first})"
+    assert dict(shown.rows)[J.chain_links()["first"]] == f"{smollm2.tokenizer.pieces([first])[0]!r} (id {first})"
 
 
 def test_chain_first_token_is_in_the_nucleus(smollm2, chain):
@@ -125,13 +126,13 @@ def test_one_second_claims(smollm2):
 def test_first_word_claims_are_notebook_01s_and_deterministic(smollm2):
     """all_claims' section 一: the 巴 claim on notebook 01's journeys, without the wall-clock one."""
     rows = J.first_word_claims(smollm2)
-    assert len(rows) == 1 and rows[0].section == "一" and rows[0].article == J.FIRST_WORD
+    assert len(rows) == 1 and rows[0].section == "一" and rows[0].article == i18n.t("claims.one.first_word.article")
     j = lw.journey(smollm2, "The capital of France is", max_new_tokens=8)
     zh = lw.journey(smollm2, "法国的首都是什么", chat=True, max_new_tokens=30)
     assert rows[0] == J.one_second_claims(smollm2, j, zh)[1] == J.first_word_claims(smollm2)[0]
     assert rows[0].numbers == {"paris_first": True, "round": None} and f"{zh.answer.text!r}" in rows[0].measured
     assert rows[0].verdict is Verdict.ROUGHLY and not zh.answer.text.startswith("巴")
-    assert J.one_second_claims(smollm2, j)[0].article == J.ONE_SECOND
+    assert J.one_second_claims(smollm2, j)[0].article == i18n.t("claims.one.one_second.article")
 
 
 def test_first_word_round(smollm2):

@@ -122,8 +122,10 @@ def test_logit_lens_ranks_match_transformers(smollm2, hf_smollm2, trace, layer_r
     top10 = next(i for i in range(len(ref_rank)) if all(r <= 10 for r in ref_rank[i:]))
     assert path["top10_from"] == top10
     row = layer_rows[4]
-    assert f"rank {ref_rank[1]:,} after layer 1" in row.measured
-    assert f"top-1 only from layer 30 of 30 (p = {torch.softmax(lens[-1], -1)[paris]:.4f})" in row.measured
+    # CONVENTIONS: layers count from 0 and lens index i + 1 is "after layer i": the 30th layer is layer 29
+    assert f"rank {ref_rank[1]:,} after layer 0, {ref_rank[16]:,} after layer 15" in row.measured
+    assert f"top-1 only from after layer 29 on (layers 0–29; p = {torch.softmax(lens[-1], -1)[paris]:.3g})" in row.measured
+    assert layers.lens_point(0) == "emb" and layers.lens_point(None) == "never"
     assert row.verdict == layers.refinement_verdict(path, 30) == ROUGHLY
 
 
@@ -189,7 +191,7 @@ def test_paris_probability_matches_transformers(smollm2, hf_smollm2, head_rows):
     ids = smollm2.tokenizer.encode(lm_head.PROMPT)
     p = torch.softmax(hf_forward(hf_smollm2, ids).logits[0, -1], -1)
     paris = smollm2.tokenizer.encode(" Paris")[0]
-    assert f"P(' Paris') = {float(p[paris]):.4f}, rank 1" in head_rows[1].measured
+    assert f"P(' Paris') = {float(p[paris]):.3g}, rank 1" in head_rows[1].measured
     assert "[576] · W[49152, 576]ᵀ → 49152 logits" in head_rows[1].measured
     assert head_rows[1].verdict == HOLDS
 
@@ -215,7 +217,7 @@ def test_word_probabilities_are_chain_products_like_transformers(smollm2, hf_smo
     assert stats["巴"]["p"] > stats["巴黎"]["p"]                       # a prefix is at least as likely
     row = head_rows[3]
     top_p, top_i = probs.max(0)
-    assert f"top: {smollm2.tokenizer.pieces([int(top_i)])[0]!r} ({float(top_p):.4f})" in row.measured
+    assert f"top: {smollm2.tokenizer.pieces([int(top_i)])[0]!r} ({float(top_p):.3g})" in row.measured
     assert f"P(巴) = {stats['巴']['p']:.3g} (2 pieces" in row.measured
     assert row.verdict == lm_head.paris_verdict(stats) == DIFFERS
 

@@ -195,5 +195,5 @@ def test_verdicts_follow_a_random_gpt2(random_gpt2):
     assert rows[0].numbers == {"d_model": 768} and "published config" in rows[0].measured
     assert rows[1].verdict is Verdict.DIFFERS              # a random table puts ' France' nowhere near ' Paris'
     assert rows[2].verdict is Verdict.HOLDS                # token vectors carry no position, learned or not
-    assert "x0 = token + position vector: True" in rows[4].measured
+    assert rows[4].numbers["position_added"] is True         # x0 = token vector + position vector, checked
     assert "[64, 64]" in rows[4].measured and rows[4].verdict is Verdict.HOLDS

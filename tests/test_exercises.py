@@ -151,9 +151,9 @@ WRONG = [  # (exercise, wrong function, the case it must fail on, a word the hin
     ("causal_mask", lambda t: torch.ones(t, t, dtype=torch.bool).tril(1), "T = 2", "next token"),
     ("causal_mask", lambda t: torch.ones(t, t, dtype=torch.bool).triu(), "T = 2", "transposed"),
     ("causal_mask", lambda t: torch.ones(t, t).tril(), "T = 1", "bool"),
-    ("attention", lambda q, k, v: _attention(q, k, v, scale=1.0), "2 heads, T = 4, d_head = 8", "scale"),
-    ("attention", lambda q, k, v: _attention(q, k, v, mask=False), "2 heads, T = 4, d_head = 8", "causal mask"),
-    ("attention", lambda q, k, v: _attention(q, k, v, scale=1 / q.shape[-1]), "2 heads, T = 4, d_head = 8",
+    ("attention", lambda q, k, v: _attention(q, k, v, scale=1.0), "n_head = 2, T = 4, d_head = 8", "scale"),
+    ("attention", lambda q, k, v: _attention(q, k, v, mask=False), "n_head = 2, T = 4, d_head = 8", "causal mask"),
+    ("attention", lambda q, k, v: _attention(q, k, v, scale=1 / q.shape[-1]), "n_head = 2, T = 4, d_head = 8",
      "not d_head"),
     ("rms_norm", lambda x, w, eps: x / x.pow(2).mean(-1, keepdim=True).sqrt() * w, "a zero vector", "eps"),
     ("rms_norm", lambda x, w, eps: x / (x.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w,
@@ -170,7 +170,7 @@ WRONG = [  # (exercise, wrong function, the case it must fail on, a word the hin
     ("greedy_generate", _greedy_forgets_append, "six new tokens", "append"),
     ("greedy_generate", _greedy_returns_all, "one new token", "only the n new ids"),
     ("kv_cache_step", _kv_step_no_growth, "the first token: empty cache", "did not grow"),
-    ("kv_cache_step", _kv_step_no_scale, "2 heads, 4 cached positions", "scale"),
+    ("kv_cache_step", _kv_step_no_scale, "2 heads, 4 cached positions, d_head 8", "scale"),
     ("kv_cache_bytes", lambda n_layer, n_kv, d, t, b: n_layer * n_kv * d * t * b, "SmolLM2, 4,096 tokens, fp32",
      "factor 2"),
     ("kv_cache_bytes", lambda n_layer, n_kv, d, t, b: 2 * n_layer * n_kv * d * t * b * 8, "SmolLM2, 4,096 tokens, fp32",
@@ -258,3 +258,67 @@ def test_an_answer_that_trips_a_diagnosis_still_gets_a_verdict():
                                                                                     "multiply by 2")], diagnose)
     result = grade(ex, lambda x: 3 * x)
     assert not result.passed and result.case == "ones" and result.hint == "multiply by 2"
+
+
+# ---------------------------------------------------------------- a function that never returns; the learner's language
+
+def test_a_function_that_never_returns_is_stopped_with_a_friendly_message():
+    def bpe(piece, ranks):
+        parts = [bytes([b]) for b in piece]
+        while len(parts) > 0:                               # never false: the learner forgot to stop
+            pass
+    result = grade(EXERCISES["bpe"], bpe, timeout=0.3)
+    assert not result.passed and result.case == "one byte"
+    assert "did not finish within 0.3 s" in result.message and "in bpe, line" in result.message
+    assert "Traceback" not in str(result)
+
+
+def test_the_time_limit_is_lifted_after_grading():
+    """A later slow cell must not be interrupted by a stale alarm."""
+    import signal
+    import time
+    before = signal.getsignal(signal.SIGALRM)
+    assert grade(EXERCISES["softmax"], solutions.softmax, timeout=0.3).passed
+    time.sleep(0.5)                                         # would raise here if the alarm were still armed
+    assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+@pytest.fixture
+def chinese():
+    lw.set_language("zh")
+    yield
+    lw.set_language("en")
+
+
+def test_verdicts_hints_and_reveal_speak_chinese(chinese):
+    result = check("softmax", _softmax_overflows)
+    assert not result.passed and result.case == "很大的 logits（~1000）"
+    assert result.message.startswith("用例“很大的 logits（~1000）”")
+    assert "先减去每行的最大值" in result.hint
+    assert dict(result.details).keys() >= {"期望", "实际"} and "提示" in result._repr_markdown_()
+    assert "全部" in check("softmax", solutions.softmax).message
+    assert "还没有实现" in check("softmax", lambda x: (_ for _ in ()).throw(NotImplementedError)).message
+    assert reveal(None, 6).startswith("答案是 6") and reveal(185, 188, unit=" MB").startswith("很接近")
+
+
+@pytest.mark.parametrize("name", list(EXERCISES))
+def test_every_case_label_and_hint_is_chinese_in_the_chinese_edition(name, chinese):
+    """No English sentence left over: every case name or hint holds a CJK character unless it is code/maths only."""
+    def cjk(text):
+        return any("\u4e00" <= ch <= "\u9fff" for ch in text)
+    for case in EXERCISES[name].cases():
+        for text in (case.label, case.hint):
+            assert cjk(text) or not any(word in text.split() for word in ("the", "a", "and", "of", "to")), text
+
+
+def test_an_alarm_set_by_someone_else_is_left_alone():
+    import signal
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 30)
+        assert grade(EXERCISES["softmax"], solutions.softmax, timeout=0.3).passed
+        assert 25 < signal.getitimer(signal.ITIMER_REAL)[0] <= 30 and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

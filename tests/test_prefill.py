@@ -52,3 +52,22 @@ def test_unrecorded_forward_matches_recorded(smollm2):
     fast = lw.forward(smollm2, ids, record=False)
     assert fast.layers == [] and len(recorded.layers) == smollm2.config.n_layer
     torch.testing.assert_close(fast.logits, recorded.logits, atol=1e-4, rtol=1e-5)
+
+
+def test_attention_fast_without_mask_is_causal(smollm2):
+    """mask=None (what an unrecorded forward passes for a fresh prompt): the kernel's own causal mask, same output."""
+    x, block, rope = _layer_input(smollm2, 24, seed=2)
+    slow = attention(x, block, smollm2.config, causal_mask(24), rope)
+    fast = attention_fast(x, block, smollm2.config, None, rope)
+    torch.testing.assert_close(fast.out, slow.out, atol=1e-5, rtol=0)
+
+
+def test_prefill_runs_the_fused_kernel(smollm2):
+    """The fast path must reach torch's fused attention kernel, not its fallback that stores the [T, S] scores
+    (what 3-D or grouped-query inputs get: several times slower at long prompts)."""
+    ids = torch.arange(64)
+    with torch.profiler.profile() as prof:
+        lw.forward(smollm2, ids, record=False, last_only=True)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::scaled_dot_product_attention" in ops
+    assert "aten::_scaled_dot_product_attention_math" not in ops, sorted(o for o in ops if "attention" in o)

@@ -10,6 +10,7 @@ from gguf.quants import dequantize
 import llmwalk as lw
 from llmwalk.cost import weight_bytes
 from llmwalk.gguf_blocks import gguf_q4_1_blocks
+from llmwalk import layers
 from llmwalk.layers import linear
 from llmwalk.models import REGISTRY, cache_dir
 from llmwalk import quantize
@@ -132,7 +133,10 @@ def int4_asym(smollm2):
 
 
 def test_quantized_memory_is_what_cost_predicts(smollm2, int8, int4_asym):
-    assert model_weight_bytes(smollm2) == weight_bytes(smollm2, "fp32") == 538_060_032
+    # the reference: every number the GGUF file stores (its tensors' element counts), 4 bytes each in fp32
+    path = REGISTRY["smollm2-135m"].locate(cache_dir())
+    in_file = sum(int(t.n_elements) for t in gguf.GGUFReader(str(path)).tensors)
+    assert model_weight_bytes(smollm2) == weight_bytes(smollm2, "fp32") == 4 * in_file
     assert model_weight_bytes(int8) == weight_bytes(smollm2, "int8", scale_bytes=4)
     assert model_weight_bytes(int4_asym) == weight_bytes(smollm2, "int4", 32, scale_bytes=4, zero_bytes=4)
 
@@ -148,21 +152,21 @@ def test_quantized_table_is_looked_up_and_multiplied(smollm2):
     assert model_weight_bytes(dequantize_model(qm)) == model_weight_bytes(smollm2)
 
 
-# Measured on the shipped text (944 tokens): int8 per channel KL 0.0033, top-1 97.1%, perplexity 25.21 vs 25.17.
 def test_int8_weight_only_stays_close_to_fp32(smollm2, int8):
     c = compare_to_fp32(smollm2, int8)
     assert c.n_tokens == len(smollm2.tokenizer.encode(eval_text()))
-    assert c.kl_mean < 0.006 and c.top1_agreement >= 0.96
+    # what matters to a reader: the quantized model predicts the text as well (perplexity within 1 %)
     assert c.perplexity == pytest.approx(c.perplexity_fp32, rel=0.01)
     assert all(r["max_abs_error"] < 0.04 for r in c.weight_error)
 
 
-# Measured on the first 323 tokens: int4 g32 symmetric KL 0.48, top-1 59%, perplexity 32.9 vs 23.5 (the
-# whole text: KL 0.47, top-1 61%): a 135M model loses a lot at 4 bits.
-def test_int4_g32_symmetric_has_a_visible_cost(smollm2):
-    c = compare_to_fp32(smollm2, quantize_model(smollm2, 4, 32), eval_text()[:1500])
-    assert 0.4 < c.kl_mean < 0.56 and 0.52 < c.top1_agreement < 0.66
-    assert 1.25 < c.perplexity / c.perplexity_fp32 < 1.55
+def test_int4_g32_symmetric_has_a_visible_cost(smollm2, int8):
+    """A 135M model loses a lot at 4 bits and next to nothing at 8: compared with each other, not with numbers
+    copied from a run. (The shipped weights are Q4_1: symmetric int4 moves them off their own grid.)"""
+    c4 = compare_to_fp32(smollm2, quantize_model(smollm2, 4, 32), eval_text()[:1500])
+    c8 = compare_to_fp32(smollm2, int8, eval_text()[:1500])
+    assert c4.kl_mean > 30 * c8.kl_mean and c4.top1_agreement < c8.top1_agreement
+    assert c4.perplexity > 1.1 * c4.perplexity_fp32 and c8.perplexity < 1.01 * c8.perplexity_fp32
 
 
 def test_int4_g32_asymmetric_reproduces_the_q4_1_model(smollm2, int4_asym):
@@ -208,3 +212,39 @@ def test_activation_outliers_dwarf_the_typical_activation(smollm2):
     assert worst["ratio"] > 10_000 and worst["position"] == 0
     # one int8 step of that tensor (max / 127) is >100x the median value: typical activations round to 0
     assert worst["max_abs"] / 127 > 100 * worst["median_abs"]
+
+
+def test_fused_columns_are_the_matrices_quantized_alone():
+    """quantize_fused: one [d_in, Σ d_out] matrix whose column slices hold exactly each matrix's own codes."""
+    gen = torch.Generator().manual_seed(7)
+    ws = [torch.randn(64, n, generator=gen) for n in (32, 16, 16)]
+    for fmt in [(8, None, True), (4, 32, False)]:
+        parts = quantize.quantize_fused(ws, *fmt)
+        for part, w in zip(parts, ws):
+            alone = quantize_tensor(w, *fmt)
+            assert torch.equal(dequantize_tensor(part), dequantize_tensor(alone))
+            assert part.parent[0] is parts[0].parent[0] and part.codes.T.is_contiguous()
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["torch kernels", "fallback"])
+@pytest.mark.parametrize("fmt", [(8, None, True), (4, 32, False)], ids=["int8", "int4 g32 asym"])
+def test_fused_quantized_model_computes_what_the_unfused_one_does(smollm2, monkeypatch, fmt, kernels):
+    """q/k/v and gate/up multiplied as one matrix (one product per group and token): the same logits and greedy
+    tokens as one product per matrix, with torch's integer kernels and with the forced fallback."""
+    if not kernels:
+        monkeypatch.setattr(quantize, "has_kernel", lambda name: False)
+    fused, alone = quantize_model(smollm2, *fmt), quantize_model(smollm2, *fmt, fuse=False)
+    assert fused.weights.blocks[0].attn_q.weight.parent is not None and alone.weights.blocks[0].attn_q.weight.parent is None
+    assert (fused.weights.blocks[0].attn_q.weight.kernel is None) != kernels
+    assert model_weight_bytes(fused) == model_weight_bytes(alone)
+    ids = smollm2.tokenizer.encode("The capital of France is")
+    torch.testing.assert_close(lw.forward(fused, ids, record=False).logits, lw.forward(alone, ids, record=False).logits,
+                               atol=1e-4, rtol=1e-5)
+    prompt = "The capital of France is"
+    assert lw.generate(fused, prompt, 4).new_ids == lw.generate(alone, prompt, 4).new_ids
+
+    calls = []
+    matmul = layers.matmul
+    monkeypatch.setattr(layers, "matmul", lambda x, w: calls.append(w) or matmul(x, w))
+    lw.forward(fused, ids, record=False)
+    assert len(calls) == 4 * smollm2.config.n_layer            # per layer: qkv, output, gate+up, down (7 unfused)

@@ -1,6 +1,8 @@
 import pytest
 
-from llmwalk.report import CLOSE, ROUGH, RULES, Claim, Verdict, claims_by_section, claims_table, table
+import llmwalk as lw
+from llmwalk.report import (CLOSE, ROUGH, Claim, Verdict, claims_by_section, claims_table, table,
+                            verdict_rules)
 
 
 def test_table_text_and_html():
@@ -14,7 +16,7 @@ def test_claims_table_escapes_html_and_shows_the_rules_once_under_the_rows():
     assert "&lt;9 tokens&gt;" in t._repr_html_() and "<tfoot>" in t._repr_html_()
     assert t.header == ("§", "the article says", "we measured", "verdict")
     assert t.rows == (("二", "<9 tokens>", "6", "✗ differs"),)
-    assert repr(t).endswith(RULES)
+    assert repr(t).endswith(verdict_rules())
 
 
 def test_table_pads_chinese_by_display_width():
@@ -59,3 +61,22 @@ def test_claims_by_section_one_table_per_section_linking_its_notebook():
     assert shown.links == ("02_tokenization.ipynb", "03_embedding.ipynb")
     assert "href='02_tokenization.ipynb'" in shown._repr_html_()
     assert [bool(t.note) for t in shown.tables] == [False, True]     # the rules once, under the last table
+
+
+@pytest.fixture
+def chinese():
+    lw.set_language("zh")
+    yield
+    lw.set_language("en")
+
+
+def test_in_chinese_the_labels_change_and_the_verdicts_do_not(chinese):
+    rows = [Claim("二", "a", "1", Verdict.of(True)), Claim("三", "b", "2", Verdict.of_number(150, 100))]
+    assert [c.verdict for c in rows] == [Verdict.HOLDS, Verdict.ROUGHLY]          # the same members as in English
+    assert [str(v) for v in Verdict] == ["✓ 成立", "≈ 大致成立", "✗ 不符", "— 此处无法检验"]
+    shown = claims_table(rows)
+    assert shown.header == ("§", "文章说", "我们测得", "判定") and shown.title == "文章说 / 我们测得"
+    assert [r[-1] for r in shown.rows] == ["✓ 成立", "≈ 大致成立"]
+    assert shown.note.startswith("判定 — ✓ 成立") and "10%" in shown.note and "×2" in shown.note
+    assert [t.title for t in claims_by_section(rows).tables] == [
+        "第二节：1 条论断 — 笔记本 02_tokenization.ipynb", "第三节：1 条论断 — 笔记本 03_embedding.ipynb"]

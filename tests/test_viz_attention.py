@@ -85,3 +85,73 @@ def test_residual_plots_put_the_embedding_before_layer_0(smollm2, trace):
     grid = viz.logit_lens_grid(trace, smollm2)
     rows = [t.get_text() for t in grid.axes[0].get_yticklabels()]
     assert rows[0] == "embedding" and rows[1] == "after layer 0" and len(rows) == smollm2.config.n_layer + 1
+
+
+# ---------------------------------------------------------------- widgets that redraw in place
+
+def decoded(png_bytes: bytes) -> np.ndarray:
+    from io import BytesIO
+
+    from PIL import Image
+    return np.asarray(Image.open(BytesIO(png_bytes)).convert("RGB"), dtype=int)
+
+
+def shown_png(widget) -> bytes:
+    import base64
+    return base64.b64decode(widget.output.outputs[0]["data"]["image/png"])
+
+
+@pytest.fixture(scope="module")
+def long_trace(smollm2):
+    ids = smollm2.tokenizer.encode(" ".join(["The capital of France is Paris."] * 12))[:70]
+    return lw.forward(smollm2, ids)
+
+
+def drawn(fig) -> tuple:
+    """What a figure shows: its texts, images' data, bar lengths."""
+    fig.draw_without_rendering()
+    texts = [t.get_text() for t in fig.findobj(matplotlib.text.Text) if t.get_visible()]
+    images = [np.ma.filled(im.get_array(), np.nan).round(6).tobytes() for ax in fig.axes for im in ax.images]
+    return texts, images, [round(p.get_width(), 6) for ax in fig.axes for p in ax.patches if hasattr(p, "get_width")]
+
+
+def same_pixels(a: bytes, b: bytes) -> bool:
+    a, b = decoded(a), decoded(b)
+    return a.shape == b.shape and (np.abs(a - b).max(-1) > 40).mean() < 1e-3     # up to antialiasing
+
+
+@pytest.mark.parametrize("make, fresh, moves", [
+    (lambda m, tr: viz.attention_widget(tr, m.tokenizer), lambda m, tr: viz.attention_heatmap(tr, m.tokenizer, 5, 2),
+     [dict(layer=3, head=7), dict(layer=5, head=2)]),
+    (lambda m, tr: viz.attention_step_widget(tr, m), lambda m, tr: viz.attention_step(tr, m, 5, 2, 40),
+     [dict(layer=3, head=7, query=10), dict(layer=5, head=2, query=40)])])
+def test_widget_updated_in_place_shows_the_picture_of_a_fresh_draw(smollm2, long_trace, make, fresh, moves):
+    w = make(smollm2, long_trace)
+    figure = w.figure
+    for move in moves:                        # the second move redraws over the background the first one kept
+        w.set(**move)
+    assert w.figure is figure                                                 # no new figure per move
+    twin = fresh(smollm2, long_trace)
+    assert drawn(w.figure) == drawn(twin)                                     # the same texts, data, bars
+    assert same_pixels(shown_png(w), viz.png(w.figure, crop=False))           # blitted = the whole figure redrawn
+
+
+def test_attention_widget_png_equals_a_fresh_figure(smollm2, long_trace):
+    w = viz.attention_widget(long_trace, smollm2.tokenizer)
+    w.set(layer=3, head=7)
+    w.set(layer=5, head=2)
+    assert same_pixels(shown_png(w), viz.png(viz.attention_heatmap(long_trace, smollm2.tokenizer, 5, 2), crop=False))
+
+
+def test_long_prompt_heatmap_labels_every_nth_token_and_writes_no_numbers(smollm2, long_trace):
+    from llmwalk.viz._draw import MAX_TICKS
+    tok, n = smollm2.tokenizer, len(long_trace.ids)
+    fig = viz.attention_heatmap(long_trace, tok, 1, 1)
+    ax = fig.axes[0]
+    step = -(-n // MAX_TICKS)                                                   # ceil(70 / 40) = 2
+    pieces = [viz._draw.show_piece(p, 12) for p in tok.pieces(long_trace.ids)]
+    assert [t.get_text() for t in ax.get_xticklabels()] == pieces[::step] and len(ax.get_yticks()) <= MAX_TICKS
+    assert not ax.texts                                                          # 70 × 70 cells: no numbers
+    assert max(fig.get_size_inches()) <= 12                                # cells shrink, the figure does not grow
+    short = viz.attention_heatmap(lw.forward(smollm2, tok.encode("The capital of France is")), tok, 1, 1)
+    assert len(short.axes[0].texts) == 5 * 6 // 2                                # a weight in every visible cell

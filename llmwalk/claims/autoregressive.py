@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Sequence
 from .. import cost
 from ..analysis import Pass, first_rounds, recorded_passes
 from ..generation import Generation, decoding_head, generate
+from ..i18n import t
 from ..kv_cache import KVCache
 from ..report import Claim, Verdict
 
@@ -31,6 +32,10 @@ def answer_text(g: Generation) -> str:
     return g.text.replace("\n", "↵") + (" [EOS]" if g.stopped == "eos" else "")
 
 
+def _yes(x: bool) -> str:
+    return t("claims.common.yes") if x else t("claims.common.no")
+
+
 def rounds_verdict(g: Generation) -> Verdict:
     """The point: 巴黎 comes out of the rounds; the detail: in the article's rounds exactly, 巴, 黎, 。, [EOS]."""
     pieces = tuple("[EOS]" if k == len(g.steps) - 1 and g.stopped == "eos" else s.token
@@ -45,22 +50,24 @@ def _rounds_claim(model: "Model", gemma: "Model | None", smol_zh: Generation) ->
         who = f"Gemma-3-270M, {GEMMA_PROMPT!r}"
     else:
         g = smol_zh
-        who = f"{model.config.name}, chat template ({QUESTION})"
+        who = t("claims.autoregressive.rounds.chat_who", model=model.config.name, question=QUESTION)
     hit = next((s for s in g.steps if "巴" in s.token), None)
-    where = (f"; {hit.token!r} is one token, chosen in round {hit.index} with p = {hit.top[0][2]:.3g}"
-             if hit else "; no 巴 at all")
-    return Claim(SECTION, "Round 1 → 巴, round 2 → 黎, round 3 → 。, round 4 → [EOS]",
-                 f"{who}, greedy, {len(g.steps)} rounds: '{answer_text(g)}'{where}", rounds_verdict(g))
+    where = (t("claims.autoregressive.rounds.hit", token=repr(hit.token), round=hit.index, p=f"{hit.top[0][2]:.3g}")
+             if hit else t("claims.autoregressive.rounds.miss"))
+    return Claim(SECTION, t("claims.autoregressive.rounds.article"),
+                 t("claims.autoregressive.rounds.measured", who=who, n=len(g.steps), text=answer_text(g), where=where),
+                 rounds_verdict(g), numbers={"rounds": len(g.steps), "text": g.text, "round_ba": hit and hit.index})
 
 
 def _eos_claim(model: "Model", english: Generation, smol_zh: Generation) -> Claim:
     eos = english.stopped == "eos"
     last = english.steps[-1]
-    return Claim(SECTION, "The loop ends when the model picks the end token [EOS]",
-                 f"{model.config.name}, chat template, {ENGLISH!r} → {english.text!r}, then "
-                 f"{last.token!r} (id {last.token_id}) in round {last.index}: stopped = {english.stopped!r}. "
-                 f"The Chinese question: {'an end token' if smol_zh.stopped == 'eos' else 'no end token'} in "
-                 f"{len(smol_zh.steps)} rounds",
+    return Claim(SECTION, t("claims.autoregressive.eos.article"),
+                 t("claims.autoregressive.eos.measured", model=model.config.name, question=repr(ENGLISH),
+                   text=repr(english.text), token=repr(last.token), id=last.token_id, round=last.index,
+                   stopped=repr(english.stopped), n=len(smol_zh.steps),
+                   chinese=t("claims.autoregressive.eos.end") if smol_zh.stopped == "eos"
+                   else t("claims.autoregressive.eos.no_end")),
                  Verdict.of(eos and last.token_id in model.config.eos_token_ids),
                  numbers={"stopped": english.stopped, "last_id": last.token_id, "round": last.index})
 
@@ -70,20 +77,19 @@ def _append_claim(model: "Model", english: Generation, passes: Sequence[Pass],
     appended = all(b.ids == a.ids + (s.token_id,) for a, b, s in zip(passes, passes[1:], english.steps))
     full = all(p.layers == model.config.n_layer for p in list(passes) + list(cached))
     lens = [len(p.ids) for p in passes]
-    return Claim(SECTION, "The chosen token is appended and the whole stack runs again",
-                 f"without a KV cache, round k + 1 runs round k's tokens plus the one chosen: "
-                 f"{'yes' if appended else 'no'}, through all {model.config.n_layer} layers: "
-                 f"{'yes' if full else 'no'} ({', '.join(map(str, lens[:4]))}, … tokens). With a cache only the "
-                 f"new token runs ({', '.join(str(len(p.ids)) for p in cached[:4])}, …), still through every layer",
+    return Claim(SECTION, t("claims.autoregressive.append.article"),
+                 t("claims.autoregressive.append.measured", appended=_yes(appended), n_layer=model.config.n_layer,
+                   full=_yes(full), lengths=", ".join(map(str, lens[:4])),
+                   cached=", ".join(str(len(p.ids)) for p in cached[:4])),
                  Verdict.of(appended and full and len(passes) == len(english.steps)),
                  numbers={"appended": appended, "full_stack": full, "lengths": lens})
 
 
 def _passes_claim(model: "Model", passes: Sequence[Pass]) -> Claim:
     full = sum(p.layers == model.config.n_layer for p in passes)
-    return Claim(SECTION, f"Generating {N} tokens runs {N} complete forward passes",
-                 f"{len(passes)} calls to forward for {N} new tokens, {full} of them through all "
-                 f"{model.config.n_layer} layers",
+    return Claim(SECTION, t("claims.autoregressive.passes.article", n=N),
+                 t("claims.autoregressive.passes.measured", calls=len(passes), n=N, full=full,
+                   n_layer=model.config.n_layer),
                  Verdict.of(len(passes) == N and full == N), numbers={"passes": len(passes), "full": full})
 
 
@@ -102,14 +108,14 @@ def _linear_claim(model: "Model", prompt_ids: Sequence[int], new_ids: Sequence[i
     flat_cached, flat_rerun = grow_cached < 1.1, grow_rerun < 1.1          # every round costs about the same
     verdict = Verdict.of(flat_cached, flat_rerun)    # linear with a cache (the point); the article's loop too?
     g = lambda x: f"{x / 1e9:.3g} GFLOPs"                                                     # noqa: E731
-    shape = lambda flat: ("every round costs about the same: linear" if flat else           # noqa: E731
-                          "the rounds grow with the length, so the total grows with its square")
-    return Claim(SECTION, "…so the cost adds up linearly",
-                 f"prompt of {p} tokens, {N} new. Rerunning the prefix (the article's loop): round 1 costs "
-                 f"{g(rerun[0])}, round {N} {g(rerun[-1])} (×{grow_rerun:.3g}), {g(sum(rerun))} in all: "
-                 f"{shape(flat_rerun)}. With a KV cache: the prompt {g(cached[0])}, then {g(cached[1])} per round "
-                 f"(round {N}: ×{grow_cached:.3g}), {g(sum(cached))} in all: {shape(flat_cached)}. "
-                 f"torch's FLOP counter agrees on round {N}: {'yes' if counted == formula else 'no'}", verdict,
+    shape = lambda flat: (t("claims.autoregressive.linear.flat") if flat else                # noqa: E731
+                          t("claims.autoregressive.linear.grows"))
+    return Claim(SECTION, t("claims.autoregressive.linear.article"),
+                 t("claims.autoregressive.linear.measured", prompt=p, n=N, rerun_first=g(rerun[0]),
+                   rerun_last=g(rerun[-1]), rerun_growth=f"{grow_rerun:.3g}", rerun_total=g(sum(rerun)),
+                   rerun_shape=shape(flat_rerun), cached_prompt=g(cached[0]), cached_round=g(cached[1]),
+                   cached_growth=f"{grow_cached:.3g}", cached_total=g(sum(cached)), cached_shape=shape(flat_cached),
+                   agrees=_yes(counted == formula)), verdict,
                  numbers={"rerun": rerun, "cached": cached, "counted": counted, "formula": formula})
 
 

@@ -16,6 +16,7 @@ from ..analysis import (accuracy, decode_step_measured, eval_ids, kl_text, kv_ca
                         q4_1_grid_error, rank_of)
 from ..generation import Generation, generate
 from ..bench import BENCH_PROMPTS
+from ..i18n import t
 from ..report import Claim, Table, Verdict, table
 from ..quantize import dequantize_model, quantize_model
 from ..speculative import Draft, ModelDraft, PromptLookupDraft, SpeculativeResult, speculative_generate
@@ -75,10 +76,22 @@ def structure(model: "Model | Config", prompt_len: int = PROMPT_LEN) -> dict[str
 def structure_table(model: "Model", prompt_len: int = PROMPT_LEN) -> Table:
     """The article's per-token list next to GPT-2 small's architecture and the model's traced pass."""
     gpt2, mine = structure(cost.gpt2_small(model), prompt_len), structure(model, prompt_len)
-    said = {"layers": "多层 (several)", "norm": "LayerNorm", **ARTICLE_STRUCTURE}
+    said = {"layers": t("claims.cost.structure_table.several"), "norm": "LayerNorm", **ARTICLE_STRUCTURE}
     show = lambda v: f"{v[0]} → {v[1]}" if isinstance(v, tuple) else str(v)             # noqa: E731
-    return table([(k, show(said[k]), show(gpt2[k]), show(mine[k])) for k in gpt2],
-                 ("item", "the article", "GPT-2 small (architecture)", f"{model.config.name} (traced)"))
+    items = structure_items()
+    return table([(items[k], show(said[k]), show(gpt2[k]), show(mine[k])) for k in gpt2],
+                 (t("claims.cost.structure_table.item"), t("claims.cost.structure_table.article"),
+                  t("claims.cost.structure_table.gpt2"), t("claims.cost.structure_table.traced", model=model.config.name)))
+
+
+def structure_items() -> dict[str, str]:
+    """structure()'s keys, as the table names them in the current language."""
+    return {"layers": t("claims.cost.structure_table.layers"), "embedding look-ups": t("claims.cost.structure_table.lookups"),
+            "norms per layer": t("claims.cost.structure_table.norms"), "norm": t("claims.cost.structure_table.norm"),
+            "attention per layer": t("claims.cost.structure_table.attention"),
+            "FFN per layer": t("claims.cost.structure_table.ffn"), "final norm": t("claims.cost.structure_table.final"),
+            "LM head": t("claims.cost.structure_table.head"),
+            "softmax + sampling per token": t("claims.cost.structure_table.sampling")}
 
 
 def structure_verdict(gpt2: dict) -> Verdict:
@@ -128,50 +141,53 @@ def _b(x: float) -> str:
     return f"{x / 1e9:.4g} B"
 
 
+def _yes(x: bool) -> str:
+    return t("claims.common.yes") if x else t("claims.common.no")
+
+
 def _architecture_claim(gpt2: Config, model: "Model") -> Claim:
     c, n = gpt2, cost.n_params(gpt2)
     shape = (c.n_layer, c.d_model, c.n_head) == (12, 768, 12)
     verdict = Verdict.of_number(n, ARTICLE_PARAMS) if shape else Verdict.DIFFERS
     m = model.config
-    return Claim(SECTION, "GPT-2: 12 layers, 768 dimensions, 12 heads, about 120 million (1.2 亿) parameters",
-                 f"GPT-2 small: {c.n_layer} layers, d_model {c.d_model}, {c.n_head} heads; {n:,} parameters counted "
-                 f"from the architecture (the released checkpoint's count), {100 * (n / ARTICLE_PARAMS - 1):.1f} % "
-                 f"above 120 M. For comparison {m.name}: {m.n_layer} layers, {m.d_model}, {m.n_head} heads, "
-                 f"{_m(cost.n_params(m))}", verdict)
+    return Claim(SECTION, t("claims.cost.architecture.article"),
+                 t("claims.cost.architecture.measured", n_layer=c.n_layer, d_model=c.d_model, n_head=c.n_head,
+                   params=f"{n:,}", above=f"{100 * (n / ARTICLE_PARAMS - 1):.1f}", model=m.name, m_layer=m.n_layer,
+                   m_d_model=m.d_model, m_head=m.n_head, m_params=_m(cost.n_params(m))),
+                 verdict, numbers={"params": n}, said=ARTICLE_PARAMS)
 
 
 def _rule_claim(gpt2: Config, model: "Model", measured: int) -> Claim:
     real = sum(cost.decode_step_flops(gpt2, PROMPT_LEN).values())
     n, nm = cost.n_params(gpt2), cost.n_params(model.config)
-    return Claim(SECTION, "One forward pass ≈ parameters × 3 (rule of thumb) ≈ 1.2 亿 × 3 ≈ 360 M FLOPs",
-                 f"one token through GPT-2 small (the {PROMPT_LEN}th, earlier ones cached): {_m(real)} FLOPs = "
-                 f"{real / n:.3g} × parameters; × 3 would give {_m(ARTICLE_RULE * n)}, "
-                 f"{ARTICLE_RULE * n / real:.3g}× too many. {model.config.name}, counted by torch as it runs: "
-                 f"{_m(measured)} = {measured / nm:.3g} × its parameters. A weight does one multiply-add (2 FLOPs) "
-                 f"per token: ≈ 2 × parameters", Verdict.of_number(real, ARTICLE_FLOPS_PER_TOKEN))
+    return Claim(SECTION, t("claims.cost.rule.article"),
+                 t("claims.cost.rule.measured", n=PROMPT_LEN, flops=_m(real), per_param=f"{real / n:.3g}",
+                   rule=_m(ARTICLE_RULE * n), too_many=f"{ARTICLE_RULE * n / real:.3g}", model=model.config.name,
+                   measured=_m(measured), m_per_param=f"{measured / nm:.3g}"),
+                 Verdict.of_number(real, ARTICLE_FLOPS_PER_TOKEN), numbers={"flops": real, "measured": measured},
+                 said=ARTICLE_FLOPS_PER_TOKEN)
 
 
 def _answer_claim(gpt2: Config) -> Claim:
     est = cost.article_estimate(gpt2, PROMPT_LEN, NEW_TOKENS)
     real, none = est["flops_answer_kv_cache"], est["flops_answer_no_cache"]
-    return Claim(SECTION, f"Generating {NEW_TOKENS} tokens ≈ 50 × 3.6 亿 ≈ 180 亿 (18 B) FLOPs",
-                 f"GPT-2 small, {PROMPT_LEN}-token prompt, {NEW_TOKENS} new tokens: {_b(real)} FLOPs with a KV "
-                 f"cache (the article's rule: {_b(est['article_flops_answer'])} with 124.4 M parameters); "
-                 f"{_b(none)} without a cache, rerunning the prefix every round ({none / ARTICLE_ANSWER_FLOPS:.3g}× "
-                 f"the article's figure)", Verdict.of_number(real, ARTICLE_ANSWER_FLOPS))
+    return Claim(SECTION, t("claims.cost.answer.article", n=NEW_TOKENS),
+                 t("claims.cost.answer.measured", prompt=PROMPT_LEN, n=NEW_TOKENS, cached=_b(real),
+                   rule=_b(est["article_flops_answer"]), params=f"{cost.n_params(gpt2) / 1e6:.1f}", rerun=_b(none),
+                   ratio=f"{none / ARTICLE_ANSWER_FLOPS:.3g}"),
+                 Verdict.of_number(real, ARTICLE_ANSWER_FLOPS), numbers={"kv_cache": real, "no_cache": none},
+                 said=ARTICLE_ANSWER_FLOPS)
 
 
 def _structure_claim(gpt2: Config, model: "Model") -> Claim:
     g, s = structure(gpt2), structure(model)
-    return Claim(SECTION, "Per token: 9 embedding look-ups; per layer 2 LayerNorms + 1 attention + 1 FFN; 1 LM head "
-                 "(768 → 50257); 1 softmax + sampling",
-                 f"GPT-2 small ({g['layers']} layers): {g['embedding look-ups']} rows for a {PROMPT_LEN}-token prompt "
-                 f"(token + learned position; then 2 per new token); per layer {g['norms per layer']} LayerNorms, "
-                 f"1 attention, 1 MLP; plus a final LayerNorm ({g['final norm']}) the list leaves out; LM head "
-                 f"{g['LM head'][0]} → {g['LM head'][1]} (the token table reused); 1 softmax + sampling per new token. "
-                 f"{model.config.name}, traced: {s['embedding look-ups']} rows (no position table: RoPE), "
-                 f"{s['norms per layer']} {s['norm']}s + attention + FFN in each of {s['layers']} layers, a final "
-                 f"norm, head {s['LM head'][0]} → {s['LM head'][1]}", structure_verdict(g))
+    return Claim(SECTION, t("claims.cost.structure.article"),
+                 t("claims.cost.structure.measured", n_layer=g["layers"], rows=g["embedding look-ups"],
+                   prompt=PROMPT_LEN, norms=g["norms per layer"], final=g["final norm"], head_in=g["LM head"][0],
+                   head_out=g["LM head"][1], model=model.config.name, m_rows=s["embedding look-ups"],
+                   m_norms=s["norms per layer"], m_norm=s["norm"], m_layer=s["layers"], m_head_in=s["LM head"][0],
+                   m_head_out=s["LM head"][1]),
+                 structure_verdict(g), numbers={"gpt2": g, "model": s})
 
 
 def _llama_claim(gpt2: Config) -> Claim:
@@ -179,32 +195,32 @@ def _llama_claim(gpt2: Config) -> Claim:
     by_params = cost.n_params(llama) / cost.n_params(gpt2)
     by_flops = (sum(cost.decode_step_flops(llama, PROMPT_LEN).values())
                 / sum(cost.decode_step_flops(gpt2, PROMPT_LEN).values()))
-    return Claim(SECTION, f"LLaMA 7B's forward pass is {ARTICLE_LLAMA_RATIO}× GPT-2's",
-                 f"LLaMA-7B ({llama.n_layer} layers, d_model {llama.d_model}, d_ff {llama.d_ff}, vocab "
-                 f"{llama.vocab_size:,}): {_b(cost.n_params(llama))} parameters = {by_params:.4g}× GPT-2 small's; "
-                 f"FLOPs per token at context {PROMPT_LEN}: {by_flops:.4g}×", Verdict.of_number(by_flops, ARTICLE_LLAMA_RATIO))
+    return Claim(SECTION, t("claims.cost.llama.article", ratio=ARTICLE_LLAMA_RATIO),
+                 t("claims.cost.llama.measured", n_layer=llama.n_layer, d_model=llama.d_model, d_ff=llama.d_ff,
+                   vocab=f"{llama.vocab_size:,}", params=_b(cost.n_params(llama)), by_params=f"{by_params:.4g}",
+                   prompt=PROMPT_LEN, by_flops=f"{by_flops:.4g}"),
+                 Verdict.of_number(by_flops, ARTICLE_LLAMA_RATIO), numbers={"by_params": by_params, "by_flops": by_flops},
+                 said=ARTICLE_LLAMA_RATIO)
 
 
 def _kv_claim(gpt2: Config, model: "Model", kv: dict) -> Claim:
     est = cost.article_estimate(gpt2, PROMPT_LEN, NEW_TOKENS)
     ratio = kv["flops_recomputed"] / kv["flops_cached"]
     same = kv["same_token"] and kv["max_logit_diff"] < SAME
-    return Claim(SECTION, "KV cache: keep the keys and values already computed instead of recomputing them",
-                 f"{model.config.name}, token {kv['context']} ({PROMPT_LEN} + {NEW_TOKENS}), counted by torch: "
-                 f"{_m(kv['flops_cached'])} FLOPs with the cache, {_m(kv['flops_recomputed'])} recomputing all "
-                 f"({ratio:.3g}× more); same logits (max difference < {SAME:g}) and next token: "
-                 f"{'yes' if same else 'no'}. The cache holds {kv['cache_bytes'] / kv['context'] / 1e3:.4g} kB per "
-                 f"token (fp32). GPT-2's {NEW_TOKENS}-token answer: "
-                 f"{est['flops_answer_no_cache'] / est['flops_answer_kv_cache']:.3g}× fewer FLOPs with it",
+    return Claim(SECTION, t("claims.cost.kv.article"),
+                 t("claims.cost.kv.measured", model=model.config.name, context=kv["context"], prompt=PROMPT_LEN,
+                   n=NEW_TOKENS, cached=_m(kv["flops_cached"]), recomputed=_m(kv["flops_recomputed"]),
+                   ratio=f"{ratio:.3g}", tolerance=f"{SAME:g}", same=_yes(same),
+                   kb=f"{kv['cache_bytes'] / kv['context'] / 1e3:.4g}",
+                   answer_ratio=f"{est['flops_answer_no_cache'] / est['flops_answer_kv_cache']:.3g}"),
                  Verdict.of(same and ratio > 1), numbers={**kv, "ratio": ratio})
 
 
 def _int8_claim(model: "Model", c: Comparison) -> Claim:
-    return Claim(SECTION, "Quantization: FP32 → INT8 cuts memory and compute, with little accuracy loss",
-                 f"{model.config.name}, int8 weights (one scale per output column; token table kept fp32): "
-                 f"{c.fp32_weight_bytes / 1e6:.4g} → {c.weight_bytes / 1e6:.4g} MB; on the shipped text's first "
-                 f"{c.n_tokens} tokens KL {kl_text(c.kl_mean)}, same top token {100 * c.top1_agreement:.0f} %, "
-                 f"perplexity {c.perplexity_fp32:.3g} → {c.perplexity:.3g}",
+    return Claim(SECTION, t("claims.cost.int8.article"),
+                 t("claims.cost.int8.measured", model=model.config.name, mb_fp32=f"{c.fp32_weight_bytes / 1e6:.4g}",
+                   mb=f"{c.weight_bytes / 1e6:.4g}", n=c.n_tokens, kl=kl_text(c.kl_mean),
+                   top1=f"{100 * c.top1_agreement:.0f}", ppl_fp32=f"{c.perplexity_fp32:.3g}", ppl=f"{c.perplexity:.3g}"),
                  Verdict.of(small_loss(c) and c.weight_bytes < c.fp32_weight_bytes), numbers={"comparison": c})
 
 
@@ -225,18 +241,16 @@ def _int4_claim(model: "Model", asym: Comparison, sym: Comparison, grid_error: f
     on_grid = grid_error < SAME_WEIGHT
     if on_grid:
         verdict = Verdict.of(answer_rank == 1, False)
-        how = (f"{model.config.name} as shipped is itself int4 (GGUF Q4_1: groups of 32, scale + minimum): re-rounding "
-               f"it to int4 g32 asymmetric moves every weight by less than {_sci(SAME_WEIGHT)}, and this 4-bit model "
-               f"answers the series' example ({ANSWER!r} rank {answer_rank} after {ANSWER_PROMPT!r}). Its fp32 "
-               f"original is not shipped, so the loss of fp32 → int4 itself can't be measured here")
+        how = t("claims.cost.int4.on_grid", model=model.config.name, tolerance=_sci(SAME_WEIGHT),
+                answer=repr(ANSWER), rank=answer_rank, prompt=repr(ANSWER_PROMPT))
     else:
         verdict = Verdict.of(asym.top1_agreement >= SMALL_TOP1, small_loss(asym))
-        how = (f"int4 g32 asymmetric (Q4_1's format): {asym.fp32_weight_bytes / 1e6:.4g} → "
-               f"{asym.weight_bytes / 1e6:.4g} MB; KL {kl_text(asym.kl_mean)}, same top token "
-               f"{100 * asym.top1_agreement:.0f} %, perplexity {asym.perplexity_fp32:.3g} → {asym.perplexity:.3g}")
-    return Claim(SECTION, "…and FP32 → INT4, with little accuracy loss",
-                 f"{how}. For contrast, re-rounding onto another grid (int4 g32 symmetric) stacks a second rounding "
-                 f"on the first: KL {kl_text(sym.kl_mean)}, same top token {100 * sym.top1_agreement:.0f} %",
+        how = t("claims.cost.int4.from_fp32", mb_fp32=f"{asym.fp32_weight_bytes / 1e6:.4g}",
+                mb=f"{asym.weight_bytes / 1e6:.4g}", kl=kl_text(asym.kl_mean), top1=f"{100 * asym.top1_agreement:.0f}",
+                ppl_fp32=f"{asym.perplexity_fp32:.3g}", ppl=f"{asym.perplexity:.3g}")
+    return Claim(SECTION, t("claims.cost.int4.article"),
+                 t("claims.cost.int4.measured", how=how, kl=kl_text(sym.kl_mean),
+                   top1=f"{100 * sym.top1_agreement:.0f}"),
                  verdict, numbers={"grid_error": grid_error, "answer_rank": answer_rank, "asymmetric": asym,
                                    "symmetric": sym})
 
@@ -245,17 +259,14 @@ def _speculative_claim(model: "Model", runs: dict[str, tuple[SpeculativeResult, 
     (rep, rep_plain), (new, new_plain), (i8, i8_plain) = runs["repeat"], runs["no copy"], runs["int8 draft"]
     same = rep.new_ids == rep_plain.new_ids and new.new_ids == new_plain.new_ids and i8.new_ids == i8_plain.new_ids
     fast = passes_per_token(rep) < 0.5 and passes_per_token(i8) < 0.5
-    return Claim(SECTION, "Speculative decoding: a small model drafts a few tokens, the big one checks them in "
-                 "parallel: faster",
-                 f"{model.config.name}, greedy, k = {SPEC_K}. Drafts copied from the context (prompt lookup): asked to "
-                 f"repeat a sentence, {len(rep.new_ids)} tokens in {rep.target_forward_passes} target passes "
-                 f"({passes_per_token(rep):.3g} per token), {100 * rep.acceptance_rate:.0f} % of drafted tokens "
-                 f"accepted; with nothing to copy, {len(new.new_ids)} tokens in {new.target_forward_passes} passes "
-                 f"({100 * new.acceptance_rate:.0f} % accepted). The model's own int8 copy (a quarter of the bytes) "
-                 f"as the small drafting model, nothing to copy: {len(i8.new_ids)} tokens in "
-                 f"{i8.target_forward_passes} passes ({passes_per_token(i8):.3g} per token), "
-                 f"{100 * i8.acceptance_rate:.0f} % accepted. Text identical to plain greedy decoding: "
-                 f"{'yes' if same else 'no'}. Wall time: see notebook 08 and `python -m llmwalk.bench speculative`",
+    return Claim(SECTION, t("claims.cost.speculative.article"),
+                 t("claims.cost.speculative.measured", model=model.config.name, k=SPEC_K,
+                   rep_tokens=len(rep.new_ids), rep_passes=rep.target_forward_passes,
+                   rep_per_token=f"{passes_per_token(rep):.3g}", rep_accepted=f"{100 * rep.acceptance_rate:.0f}",
+                   new_tokens=len(new.new_ids), new_passes=new.target_forward_passes,
+                   new_accepted=f"{100 * new.acceptance_rate:.0f}", i8_tokens=len(i8.new_ids),
+                   i8_passes=i8.target_forward_passes, i8_per_token=f"{passes_per_token(i8):.3g}",
+                   i8_accepted=f"{100 * i8.acceptance_rate:.0f}", same=_yes(same)),
                  Verdict.of(same, fast),        # the point: the big model's text, unchanged; the detail: fewer passes
                  numbers={"same": same, "passes_per_token": {k: passes_per_token(s) for k, (s, _) in runs.items()}})
 

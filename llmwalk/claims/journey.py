@@ -16,18 +16,18 @@ import torch
 from .. import cost
 from ..analysis import Pass, first_word_round, recorded_passes, timings
 from ..generation import Generation, generate
-from ..journey import journey as run_journey
+from ..i18n import t
 from ..report import Claim, Table, Verdict, table
 from ..sampling import probs_after
 from ..tokens import gpt2_tokenizer
-from ..walk import Trace, forward
+from ..walk import Trace, forward, journey as run_journey
 from .autoregressive import GEMMA_PROMPT, QUESTION
 from .cost import _b
 from .sampling import TOP_P
 from .tokenization import QUESTION_MARKED
 
 if TYPE_CHECKING:
-    from ..journey import Journey
+    from ..walk import Journey
     from ..models import Model
 
 SECTION = "九"
@@ -36,8 +36,6 @@ TEMPERATURE, SEED = 0.7, 0                   # "Top-P 采样" with a chat temper
 PROMPT_LEN, NEW_TOKENS = 9, 50               # "输入 9 个 Token、输出 50 个 Token"
 ARTICLE_FLOPS = 18e9                         # "一次推理约 180 亿次浮点运算"
 GEMMA_TOKENS = 20                            # rounds given to Gemma-3 (a base model) on the Chinese question
-ONE_SECOND = "一秒钟后，屏幕上出现了答案 — a second after Enter the answer is on the screen"
-FIRST_WORD = "从按下回车到“巴”字出现 — from Enter until 巴 (Paris) appears"
 # notebook 01's three greedy journeys: the sentence SmolLM2 continues, QUESTION in its chat template, GEMMA_PROMPT
 CONTINUE, CONTINUE_TOKENS = "The capital of France is", 8
 QUESTION_TOKENS, GEMMA_ANSWER_TOKENS = 30, 6   # 30: notebook 01 runs to the end of a clause (，)
@@ -52,17 +50,16 @@ def one_second_claims(model: "Model", j: "Journey", zh: "Journey | None" = None,
     j: the journey of an English prompt; zh: the chat-templated Chinese question on the same model; gemma_j:
     Gemma-3's journey on GEMMA_PROMPT. The first row holds wall-clock times: it is different on every run.
     """
-    t, c = timings(j), model.config
+    s, c = timings(j), model.config
     first = sum(cost.flops_by_stage(c, len(j.ids), last_only=True).values())
-    whole = cost.generation_flops(c, len(j.ids), t["tokens"])
+    whole = cost.generation_flops(c, len(j.ids), s["tokens"])
     # the point: an answer within a second; the detail: all of it (≈ when only the first token makes it)
-    when = Verdict.of(t["first_token"] < 1, t["answer"] < 1)
-    return [Claim("一", ONE_SECOND,
-                  f"{c.name} on this machine (CPU threads: {torch.get_num_threads()}), {j.prompt!r}: first token "
-                  f"{1000 * t['first_token']:.0f} ms; the whole answer, {t['tokens']} tokens, "
-                  f"{1000 * t['answer']:.0f} ms ({1000 * t['per_token']:.0f} ms per token after the first). "
-                  f"The work behind it: {first / 1e6:.4g} M FLOPs for the first token, {whole / 1e9:.4g} B for the "
-                  f"answer (wall-clock: different on every run)", when),
+    when = Verdict.of(s["first_token"] < 1, s["answer"] < 1)
+    return [Claim("一", t("claims.one.one_second.article"),
+                  t("claims.one.one_second.measured", model=c.name, threads=torch.get_num_threads(),
+                    prompt=repr(j.prompt), first_ms=f"{1000 * s['first_token']:.0f}", tokens=s["tokens"],
+                    answer_ms=f"{1000 * s['answer']:.0f}", per_token_ms=f"{1000 * s['per_token']:.0f}",
+                    first_mflops=f"{first / 1e6:.4g}", answer_gflops=f"{whole / 1e9:.4g}"), when, numbers=s),
             first_word_claim(model, j, zh, gemma, gemma_j)]
 
 
@@ -72,21 +69,25 @@ def first_word_claim(model: "Model", j: "Journey", zh: "Journey | None" = None, 
     def piece(m: "Model", i: int) -> str:
         return repr(m.tokenizer.decode([i]))
 
-    said = [f"{model.config.name}, {j.prompt!r}: {piece(model, j.first_token)} first "
-            f"(p = {float(j.probs[j.first_token]):.3g})"]
+    said = [t("claims.one.first_word.continued", model=model.config.name, prompt=repr(j.prompt),
+              piece=piece(model, j.first_token), p=f"{float(j.probs[j.first_token]):.3g}")]
     if zh is not None:
-        said.append(f"chat-templated {zh.prompt!r}: {piece(model, zh.first_token)} first, {zh.answer.text!r}")
+        said.append(t("claims.one.first_word.chat", prompt=repr(zh.prompt), piece=piece(model, zh.first_token),
+                      text=repr(zh.answer.text)))
     round_ = None
     if gemma_j is not None and gemma is not None:
         round_ = first_word_round(gemma, gemma_j.answer, "巴")
-        said.append(f"Gemma-3-270M, {gemma_j.prompt!r}: {piece(gemma, gemma_j.first_token)} first, "
-                    f"{gemma_j.answer.text!r}" + (f": 巴 in round {round_}" if round_ else ": no 巴"))
+        where = (t("claims.one.first_word.gemma_round", round=round_) if round_
+                 else t("claims.one.first_word.gemma_none"))
+        said.append(t("claims.one.first_word.gemma", prompt=repr(gemma_j.prompt), piece=piece(gemma, gemma_j.first_token),
+                      text=repr(gemma_j.answer.text), where=where))
     paris_first = "Paris" in model.tokenizer.decode([j.first_token])
     restated = [g for g in (zh, gemma_j) if g is not None and not g.answer.text.startswith("巴")]
-    note = ". Asked the question, the models first restate it: 巴 is not the first thing to appear" if restated else ""
+    note = t("claims.one.first_word.restated") if restated else ""
     # the point: 巴/Paris comes out of the first rounds; the detail, "first", fails when a model restates the question
     verdict = Verdict.of(bool(paris_first or round_), False)
-    return Claim("一", FIRST_WORD, "; ".join(said) + note, verdict, numbers={"paris_first": paris_first, "round": round_})
+    return Claim("一", t("claims.one.first_word.article"), t("claims.one.first_word.sep").join(said) + note, verdict,
+                 numbers={"paris_first": paris_first, "round": round_})
 
 
 def first_word_claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
@@ -122,15 +123,15 @@ def chain_run(model: "Model", prompt: str = ENGLISH, chat: bool = True, max_new_
 def chain_check(model: "Model", trace: Trace, answer: Generation, passes: Sequence[Pass],
                 temperature: float = TEMPERATURE, top_p: float = TOP_P) -> dict:
     """Every link of the article's chain, checked on chain_run's result."""
-    c, t = model.config, len(answer.prompt_ids)
+    c, n = model.config, len(answer.prompt_ids)
     probs = trace.probs[-1]
     nucleus = probs_after(trace.logits[-1], temperature, top_p=top_p)
     first = answer.new_ids[0]
     return {
-        "tokens": t,
+        "tokens": n,
         "embedding": tuple(trace.x0.shape),
         "layers": len(trace.layers),
-        "layer_shapes_kept": all(tuple(b.resid_post.shape) == (t, c.d_model) for b in trace.layers),
+        "layer_shapes_kept": all(tuple(b.resid_post.shape) == (n, c.d_model) for b in trace.layers),
         "final": tuple(trace.final.shape),
         "logits": tuple(trace.logits[-1].shape),
         "softmax_sum": float(probs.sum()),
@@ -147,24 +148,31 @@ def chain_check(model: "Model", trace: Trace, answer: Generation, passes: Sequen
     }
 
 
-CHAIN_LINKS = {                              # chain_check's keys, as the table shows them
-    "tokens": "输入 → Token 化: ids", "embedding": "Embedding: [T, d_model]", "layers": "N: layers run",
-    "layer_shapes_kept": "every layer keeps [T, d_model]", "final": "final norm (not in the article's chain)",
-    "logits": "LM Head: logits of the last position", "softmax_sum": "Softmax: the probabilities sum to",
-    "nucleus": "Top-P: tokens kept", "first": "输出词: the token drawn in round 1",
-    "first_in_nucleus": "…one of the tokens top-p kept", "same_first_pass": "round 1 runs the prompt",
-    "appended": "加回输入: each pass = the one before + the token chosen",
-    "full_stack": "重复: every pass runs all layers",
-    "pass_lengths": "tokens per pass", "rounds": "rounds", "stopped": "stopped because of",
-    "ends_with_eos": "[EOS]: the last token is an end token"}
+def chain_links() -> dict[str, str]:
+    """chain_check's keys, as the table names them in the current language."""
+    return {"tokens": t("claims.journey.chain_table.tokens"), "embedding": t("claims.journey.chain_table.embedding"),
+            "layers": t("claims.journey.chain_table.layers"),
+            "layer_shapes_kept": t("claims.journey.chain_table.layer_shapes_kept"),
+            "final": t("claims.journey.chain_table.final"), "logits": t("claims.journey.chain_table.logits"),
+            "softmax_sum": t("claims.journey.chain_table.softmax_sum"),
+            "nucleus": t("claims.journey.chain_table.nucleus"), "first": t("claims.journey.chain_table.first"),
+            "first_in_nucleus": t("claims.journey.chain_table.first_in_nucleus"),
+            "same_first_pass": t("claims.journey.chain_table.same_first_pass"),
+            "appended": t("claims.journey.chain_table.appended"),
+            "full_stack": t("claims.journey.chain_table.full_stack"),
+            "pass_lengths": t("claims.journey.chain_table.pass_lengths"),
+            "rounds": t("claims.journey.chain_table.rounds"), "stopped": t("claims.journey.chain_table.stopped"),
+            "ends_with_eos": t("claims.journey.chain_table.ends_with_eos")}
 
 
 def chain_table(model: "Model", check: dict) -> Table:
     """chain_check's result as a table, one link a row, the verdict in the title."""
     show = {"first": lambda i: f"{model.tokenizer.pieces([i])[0]!r} (id {i})",
             "pass_lengths": lambda x: ", ".join(map(str, x))}
-    rows = [(CHAIN_LINKS[k], show.get(k, lambda x: x)(v)) for k, v in check.items()]
-    return table(rows, ("link", "measured"), f"the article's chain, link by link: {chain_verdict(check)}")
+    links = chain_links()
+    rows = [(links[k], show.get(k, lambda x: x)(v)) for k, v in check.items()]
+    return table(rows, (t("claims.journey.chain_table.link"), t("claims.journey.chain_table.value")),
+                 t("claims.journey.chain_table.title", verdict=chain_verdict(check)))
 
 
 def chain_verdict(check: dict) -> Verdict:
@@ -178,22 +186,20 @@ def _chain_claim(model: "Model", gemma: "Model | None") -> Claim:
     k, c = chain_check(model, trace, answer, passes), model.config
     piece = lambda i: repr(model.tokenizer.pieces([i])[0])                                   # noqa: E731
     lens = k["pass_lengths"]
-    text = (f"{c.name}, {ENGLISH!r} in its chat template: {k['tokens']} ids → embedding "
-            f"[{k['embedding'][0]}, {k['embedding'][1]}] → {k['layers']} × (attention + FFN), each keeping "
-            f"[{k['tokens']}, {c.d_model}] → final norm (a link the article leaves out) → LM head: "
-            f"{k['logits'][0]} logits → softmax (sum {k['softmax_sum']:.4f}) → top-p {TOP_P} at T = {TEMPERATURE} "
-            f"keeps {k['nucleus']} tokens → {piece(k['first'])} → appended and rerun: {len(lens)} passes of "
-            f"{lens[0]}, {lens[1] if len(lens) > 1 else ''}… {lens[-1]} tokens, each one token longer and through "
-            f"all {c.n_layer} layers: {'yes' if k['appended'] and k['full_stack'] else 'no'} → stopped at "
-            f"{piece(answer.new_ids[-1])} (stopped = {answer.stopped!r}) after {k['rounds']} tokens: "
-            f"{answer.text!r}")
+    rerun = k["appended"] and k["full_stack"]
+    text = t("claims.journey.chain.measured", model=c.name, prompt=repr(ENGLISH), tokens=k["tokens"],
+             emb0=k["embedding"][0], emb1=k["embedding"][1], n_layer=k["layers"], d_model=c.d_model,
+             logits=k["logits"][0], total=f"{k['softmax_sum']:.4f}", top_p=TOP_P, temperature=TEMPERATURE,
+             nucleus=k["nucleus"], first=piece(k["first"]), passes=len(lens), len_first=lens[0],
+             len_second=lens[1] if len(lens) > 1 else "", len_last=lens[-1],
+             rerun=t("claims.common.yes") if rerun else t("claims.common.no"), last=piece(answer.new_ids[-1]),
+             stopped=repr(answer.stopped), rounds=k["rounds"], text=repr(answer.text))
     if gemma is not None:
         g = generate(gemma, GEMMA_PROMPT, GEMMA_TOKENS)
-        text += (f". Gemma-3-270M, a base model, greedy on {GEMMA_PROMPT!r}: {g.text!r}… "
-                 f"{'then its end token' if g.stopped == 'eos' else f'and no end token in {GEMMA_TOKENS} rounds'}: "
-                 f"only a model trained to say [EOS] stops by itself; the others stop at max_new_tokens")
-    return Claim(SECTION, "Input → Token 化 → Embedding → N × (Attention/FFN) → LM Head → Softmax → "
-                 "Top-P 采样 → output token → append → repeat … until [EOS]", text, chain_verdict(k), numbers=k)
+        end = (t("claims.journey.chain.gemma_end") if g.stopped == "eos"
+               else t("claims.journey.chain.gemma_no_end", n=GEMMA_TOKENS))
+        text += t("claims.journey.chain.gemma", prompt=repr(GEMMA_PROMPT), text=repr(g.text), end=end)
+    return Claim(SECTION, t("claims.journey.chain.article"), text, chain_verdict(k), numbers=k)
 
 
 # ---------------------------------------------------------------- 9 in, 50 out, 18 billion FLOPs
@@ -210,14 +216,12 @@ def _budget_claim(model: "Model") -> Claim:
     gpt2 = cost.gpt2_small(model)
     g, m = budget(gpt2), budget(model.config)
     n_question = len(gpt2_tokenizer().encode(QUESTION_MARKED))
-    return Claim(SECTION, f"{PROMPT_LEN} input tokens, {NEW_TOKENS} output tokens: about 180 亿 (18 B) FLOPs "
-                 f"for {NEW_TOKENS} words",
-                 f"GPT-2 small, {PROMPT_LEN} tokens in, {NEW_TOKENS} out: {_b(g['kv_cache'])} FLOPs with a KV cache "
-                 f"({g['kv_cache'] / ARTICLE_FLOPS:.2f}× the article's figure), {_b(g['no_cache'])} rerunning the "
-                 f"prefix every round (the article's own loop); the article's rule "
-                 f"{NEW_TOKENS} × 3 × {cost.n_params(gpt2) / 1e6:.1f} M parameters gives {_b(g['article_rule'])}. "
-                 f"{model.config.name}, same lengths: {_b(m['kv_cache'])} with a cache, {_b(m['no_cache'])} without. "
-                 f"GPT-2 cuts {QUESTION_MARKED} into {n_question} tokens; and a token is not a word (section 二)",
+    return Claim(SECTION, t("claims.journey.budget.article", prompt=PROMPT_LEN, n=NEW_TOKENS),
+                 t("claims.journey.budget.measured", prompt=PROMPT_LEN, n=NEW_TOKENS, cached=_b(g["kv_cache"]),
+                   ratio=f"{g['kv_cache'] / ARTICLE_FLOPS:.2f}", rerun=_b(g["no_cache"]),
+                   params=f"{cost.n_params(gpt2) / 1e6:.1f}", rule=_b(g["article_rule"]), model=model.config.name,
+                   m_cached=_b(m["kv_cache"]), m_rerun=_b(m["no_cache"]), question=QUESTION_MARKED,
+                   question_tokens=n_question),
                  Verdict.of_number(g["kv_cache"], ARTICLE_FLOPS), numbers={"gpt2": g, "model": m}, said=ARTICLE_FLOPS)
 
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ..analysis import (article_layers_gap, block_shapes, closest_layers, future_check, lens_path, norm_spread,
                         residual_steps)
 from ..cost import gpt2_small
+from ..i18n import t
 from ..interventions import swap_ffn_outputs
 from ..report import Claim, Verdict
 from ..walk import Trace, forward
@@ -70,6 +71,17 @@ def _bound(x: float) -> str:
     return "0" if x == 0 else (f"< {SAME:.0e}" if x < SAME else f"{x:.3g}")
 
 
+def _yes(x: bool) -> str:
+    return t("claims.common.yes") if x else t("claims.common.no")
+
+
+def lens_point(index: int | None) -> str:
+    """A logit-lens index in the series' layer convention: index 0 is "emb", index i + 1 is "after layer i"."""
+    if index is None:
+        return t("claims.layers.never")
+    return t("claims.layers.emb") if index == 0 else t("claims.layers.after_layer", i=index - 1)
+
+
 def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, answer: str = ANSWER) -> list[Claim]:
     """Every claim of section 四, measured on `model` (and its `trace` of `prompt`, computed when not given)."""
     config = model.config
@@ -78,68 +90,73 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
 
     gap = article_layers_gap(model, trace)
     norm_name = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[config.norm]
-    extra = " plus a norm after attention and after the FFN (sandwich)" if config.sandwich_norm else ""
-    rows.append(Claim(SECTION, "every layer: LayerNorm → Attention → residual, LayerNorm → FFN → residual (pre-norm)",
-                      f"{config.name}: all {L} layers recomputed by that recipe, max |Δ| vs the model = {_bound(gap)}; "
-                      f"the norm is {norm_name}{extra}", structure_verdict(gap, config), numbers={"max_gap": gap}))
+    extra = t("claims.layers.structure.sandwich") if config.sandwich_norm else ""
+    rows.append(Claim(SECTION, t("claims.layers.structure.article"),
+                      t("claims.layers.structure.measured", model=config.name, n_layer=L, gap=_bound(gap),
+                        norm=norm_name, extra=extra), structure_verdict(gap, config), numbers={"max_gap": gap}))
 
     shapes = {block_shapes(b) for b in model.weights.blocks}
     i, j, rel = closest_layers(model)
-    per_layer = sum(t.numel() for _, t in tensors(model.weights.blocks[0]))
-    rows.append(Claim(SECTION, "the layers share the structure, not the parameters",
-                      f"{L} layers with identical tensor shapes: {len(shapes) == 1} ({per_layer:,} parameters each); "
-                      f"the two most alike query matrices (layers {i} and {j}) differ by {rel:.3g} of their norm",
+    per_layer = sum(w.numel() for _, w in tensors(model.weights.blocks[0]))
+    rows.append(Claim(SECTION, t("claims.layers.sharing.article"),
+                      t("claims.layers.sharing.measured", n_layer=L, same=_yes(len(shapes) == 1),
+                        per_layer=f"{per_layer:,}", i=i, j=j, rel=f"{rel:.3g}"),
                       sharing_verdict(len(shapes), rel),
                       numbers={"shapes": len(shapes), "closest": (i, j, rel)}))
 
     future, moved = future_check(model, trace)
-    rows.append(Claim(SECTION, "causal mask: each token sees itself and earlier tokens only",
-                      f"attention weight on a later token, over {L} layers × {config.n_head} heads: max {_bound(future)}; "
-                      f"removing the last token changes the earlier positions' vectors by {_bound(moved)}",
+    rows.append(Claim(SECTION, t("claims.layers.mask.article"),
+                      t("claims.layers.mask.measured", n_layer=L, n_head=config.n_head, future=_bound(future),
+                        moved=_bound(moved)),
                       mask_verdict(future, moved),
                       numbers={"future_weight": future, "moved": moved}))
 
     gpt2 = gpt2_small(model)
-    source = "measured" if gpt2 is config else "published config"
+    source = t("claims.common.by_measurement") if gpt2 is config else t("claims.common.published")
     block = model.weights.blocks[0]
     gated = block.ffn_gate is not None
     up = tuple(block.ffn_up.weight.shape)
-    rows.append(Claim(SECTION, "GPT-2's FFN is 768 → 3072 → 768",
-                      f"GPT-2 small: {gpt2.d_model} → {gpt2.d_ff} → {gpt2.d_model} ({source}); "
-                      f"{config.name}: {up[0]} → {up[1]} → {up[0]} measured from ffn_up {list(up)}"
-                      + (f", gated ({config.ffn}: gate, up and down, 3 matrices)" if gated else ""),
+    rows.append(Claim(SECTION, t("claims.layers.ffn.article"),
+                      t("claims.layers.ffn.measured", d_model=gpt2.d_model, d_ff=gpt2.d_ff, source=source,
+                        model=config.name, up0=up[0], up1=up[1], shape=list(up),
+                        gated=t("claims.layers.ffn.gated", ffn=config.ffn) if gated else ""),
                       Verdict.of((gpt2.d_model, gpt2.d_ff) == (768, 3072)),
                       numbers={"d_model": gpt2.d_model, "d_ff": gpt2.d_ff}))
 
     token = model.tokenizer.token_id(answer)
     path = lens_path(model, trace, token)
     r, p = path["rank"], path["prob"]
-    rows.append(Claim(SECTION, "later layers hold richer vectors than layer 1: refined at every layer",
-                      f"logit lens on {prompt!r}: {answer!r} has rank {r[1]:,} after layer 1, {r[L // 2]:,} after layer "
-                      f"{L // 2}, enters the top 10 after layer {path['top10_from']} and is top-1 only from layer "
-                      f"{path['top1_from']} of {L} (p = {p[-1]:.4f})", refinement_verdict(path, L), numbers=path))
+    mid = L // 2                                   # r[i + 1]: after layer i (r[0] is the embedding)
+    rows.append(Claim(SECTION, t("claims.layers.refinement.article"),
+                      t("claims.layers.refinement.measured", prompt=repr(prompt), answer=repr(answer),
+                        rank_first=f"{r[1]:,}", rank_mid=f"{r[mid + 1]:,}", mid=mid,
+                        top10=lens_point(path["top10_from"]), top1=lens_point(path["top1_from"]), last=L - 1,
+                        p=f"{p[-1]:.3g}"), refinement_verdict(path, L), numbers=path))
 
     s = norm_spread(trace)
-    rows.append(Claim(SECTION, "LayerNorm pulls each vector back to a standard range",
-                      f"median token's RMS entering the norm: {s['before'][0]:.3g} … {s['before'][1]:.4g} across layers "
-                      f"(×{s['before_ratio']:.0f}); leaving it: {s['after'][0]:.3g} … {s['after'][1]:.3g} "
-                      f"(×{s['after_ratio']:.1f}, the learned scale included)",
+    rows.append(Claim(SECTION, t("claims.layers.norm.article"),
+                      t("claims.layers.norm.measured", before_min=f"{s['before'][0]:.3g}",
+                        before_max=f"{s['before'][1]:.4g}", before_ratio=f"{s['before_ratio']:.0f}",
+                        after_min=f"{s['after'][0]:.3g}", after_max=f"{s['after'][1]:.3g}",
+                        after_ratio=f"{s['after_ratio']:.1f}"),
                       norm_verdict(s), numbers=s))
 
     st = residual_steps(trace)
-    rows.append(Claim(SECTION, "the residual connection adds the original back: no information is lost",
-                      f"each layer's output keeps a median cosine of {st['median_cos']:.3f} with its input; but layer 0 "
-                      f"writes ×{st['layer0_growth']:.0f} the embedding's size, and the embedding's direction is gone "
-                      f"by the end (cosine x0 vs last layer: {st['x0_vs_last']:.3f})", residual_verdict(st), numbers=st))
+    rows.append(Claim(SECTION, t("claims.layers.residual.article"),
+                      t("claims.layers.residual.measured", cosine=f"{st['median_cos']:.3f}",
+                        growth=f"{st['layer0_growth']:.0f}", x0_vs_last=f"{st['x0_vs_last']:.3f}"),
+                      residual_verdict(st), numbers=st))
 
     ids, other = model.tokenizer.encode(prompt), model.tokenizer.encode(OTHER)
     tokens = [token, model.tokenizer.token_id(OTHER_ANSWER)]
     swap_all = swap_ffn_outputs(model, ids, other, tokens, range(L)).tolist()
     swap_later = swap_ffn_outputs(model, ids, other, tokens, range(1, L)).tolist()
-    rows.append(Claim(SECTION, "FFN calls up knowledge (FFN 调用知识, the article's summary)",
-                      f"at the token where {prompt!r} and {OTHER!r} differ, the {L} FFNs' outputs taken from the second: "
-                      f"P({answer!r}) = {swap_all[0]:.2f}, P({OTHER_ANSWER!r}) = {swap_all[1]:.2f}; layers 1–{L - 1}'s "
-                      f"FFNs only: {swap_later[0]:.2f} vs {swap_later[1]:.2f} (no swap: {float(trace.probs[-1, token]):.2f}"
-                      f" vs {float(trace.probs[-1, tokens[1]]):.3f})", knowledge_verdict(swap_all, swap_later),
+    rows.append(Claim(SECTION, t("claims.layers.knowledge.article"),
+                      t("claims.layers.knowledge.measured", prompt=repr(prompt), other=repr(OTHER), n_layer=L,
+                        answer=repr(answer), other_answer=repr(OTHER_ANSWER), p_answer=f"{swap_all[0]:.2f}",
+                        p_other=f"{swap_all[1]:.2f}", last=L - 1, later_answer=f"{swap_later[0]:.2f}",
+                        later_other=f"{swap_later[1]:.2f}", plain_answer=f"{float(trace.probs[-1, token]):.2f}",
+                        plain_other=f"{float(trace.probs[-1, tokens[1]]):.3f}"),
+                      knowledge_verdict(swap_all, swap_later),
                       numbers={"all_ffns": swap_all, "later_ffns": swap_later}))
     return rows

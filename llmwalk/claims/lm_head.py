@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ..analysis import next_char_prob, rank_of, top_tokens, word_probs
 from ..cost import gpt2_small
 from ..head import lm_head, softmax
+from ..i18n import t
 from ..report import Claim, Verdict
 from ..tokens import gpt2_tokenizer
 from ..walk import forward
@@ -53,14 +54,14 @@ def _show(stats: dict[str, dict]) -> str:
     def one(w):
         s = stats[w]
         if s["one_token"]:
-            return f"P({w}) = {s['p']:.3g}, rank {s['rank']:,}"
-        return f"P({w}) = {s['p']:.3g} ({len(s['ids'])} pieces; the first ranks {s['rank']:,})"
+            return t("claims.lm_head.word_one", word=w, p=f"{s['p']:.3g}", rank=f"{s['rank']:,}")
+        return t("claims.lm_head.word_pieces", word=w, p=f"{s['p']:.3g}", n=len(s["ids"]), rank=f"{s['rank']:,}")
     return "; ".join(one(w) for w in PARIS + BEIJING)
 
 
 def _top(model, probs) -> str:
     (piece, p), = top_tokens(model, probs)
-    return f"top: {piece!r} ({p:.4f})"
+    return t("claims.lm_head.top", piece=repr(piece), p=f"{p:.3g}")
 
 
 def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
@@ -69,9 +70,10 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
     gpt2 = gpt2_small(model)
     gpt2_vocab = len(gpt2_tokenizer())
     vocabs = {m.config.name: m.weights.output.shape[0] for m in (model, gemma) if m is not None}
-    rows.append(Claim(SECTION, "the last token's 768-d vector → LM head → 50257 logits, one per word of the vocabulary",
-                      f"GPT-2: d_model {gpt2.d_model} (published config), vocabulary {gpt2_vocab} (its tokenizer); "
-                      + ", ".join(f"{name}: {n} logits" for name, n in vocabs.items()),
+    rows.append(Claim(SECTION, t("claims.lm_head.logits.article"),
+                      t("claims.lm_head.logits.measured", d_model=gpt2.d_model, vocab=gpt2_vocab,
+                        models=t("claims.common.list_sep").join(t("claims.lm_head.logits.model", name=name, n=n)
+                                                                for name, n in vocabs.items())),
                       Verdict.of((gpt2.d_model, gpt2_vocab) == (768, 50257)),
                       numbers={"d_model": gpt2.d_model, "vocab": gpt2_vocab, **vocabs}))
 
@@ -82,40 +84,44 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
     probs = softmax(logits)
     token = model.tokenizer.token_id(ANSWER)
     same = float((logits - trace.logits[-1]).abs().max())
-    rows.append(Claim(SECTION, "LM head = one linear layer from the hidden size to the vocabulary; softmax gives probabilities",
-                      f"{config.name}: [{h.shape[0]}] · W{list(w.shape)}ᵀ → {logits.shape[0]} logits (= the model's own, "
-                      f"max |Δ| {'< 1e-04' if same < 1e-4 else f'{same:.3g}'}); softmax sums to {float(probs.sum()):.4f}; "
-                      f"after {PROMPT!r}: P({ANSWER!r}) = {float(probs[token]):.4f}, rank {rank_of(probs, token)}",
+    rows.append(Claim(SECTION, t("claims.lm_head.linear.article"),
+                      t("claims.lm_head.linear.measured", model=config.name, d=h.shape[0], shape=list(w.shape),
+                        n=logits.shape[0], diff="< 1e-04" if same < 1e-4 else f"{same:.3g}",
+                        total=f"{float(probs.sum()):.4f}", prompt=repr(PROMPT), answer=repr(ANSWER),
+                        p=f"{float(probs[token]):.3g}", rank=rank_of(probs, token)),
                       Verdict.of(same < 1e-4 and abs(float(probs.sum()) - 1) < 1e-4),
                       numbers={"max_diff": same, "sum": float(probs.sum()), "p_answer": float(probs[token])}))
 
     tied = model.weights.output is model.weights.token_embd
     saved = w.shape[0] * w.shape[1]
-    rows.append(Claim(SECTION, "the head multiplies by Wᵀ: GPT-2's token embedding table, transposed (tied)",
-                      f"{config.name}: output is token_embd: {tied}; "
-                      + (f"one table instead of two saves {saved / 1e6:.1f} M parameters "
-                         f"({saved / config.n_params:.0%} of the model)" if tied else "a separate output matrix"),
+    how = (t("claims.lm_head.tied.saves", millions=f"{saved / 1e6:.1f}", share=f"{saved / config.n_params:.0%}")
+           if tied else t("claims.lm_head.tied.separate"))
+    rows.append(Claim(SECTION, t("claims.lm_head.tied.article"),
+                      t("claims.lm_head.tied.measured", model=config.name,
+                        tied=t("claims.common.yes") if tied else t("claims.common.no"), how=how),
                       Verdict.of(True, tied), numbers={"tied": tied}))   # a separate head is still a linear layer
 
     chat = model.tokenizer.chat_template is not None
     probs, stats = word_probs(model, model.tokenizer.encode(QUESTION, chat=chat), PARIS + BEIJING)
-    rows.append(Claim(SECTION, "after 法国的首都是什么: P(巴) = 0.042, P(北) = 0.018, 巴 the most likely",
-                      f"{config.name}{' (chat template)' if chat else ''}: {_top(model, probs)}; {_show(stats)}",
+    rows.append(Claim(SECTION, t("claims.lm_head.paris.article"),
+                      t("claims.lm_head.paris.measured", model=config.name,
+                        chat=t("claims.lm_head.paris.chat") if chat else "", top=_top(model, probs),
+                        words=_show(stats)),
                       paris_verdict(stats), numbers=stats))
 
     if gemma is None:
-        rows.append(Claim(SECTION, "…the same on a model that answers in Chinese",
-                          "Gemma-3-270M not loaded (pip install -e '.[gemma]', then pass gemma=...)", Verdict.UNCHECKABLE))
+        rows.append(Claim(SECTION, t("claims.lm_head.no_gemma.article"), t("claims.lm_head.no_gemma.measured"),
+                          Verdict.UNCHECKABLE))
     else:
         for text, ids in gemma_contexts(gemma).items():
             probs, stats = word_probs(gemma, ids, PARIS + BEIJING)
             chars = {c: next_char_prob(gemma.tokenizer, probs, c) for c in ("巴", "北")}
-            rows.append(Claim(SECTION, f"…on Gemma-3 after {text!r}",
-                              f"{gemma.config.name}: {_top(gemma, probs)}; {_show(stats)}; next character 巴: "
-                              f"{chars['巴']:.3g}, 北: {chars['北']:.3g}", paris_verdict(stats),
+            rows.append(Claim(SECTION, t("claims.lm_head.gemma.article", text=repr(text)),
+                              t("claims.lm_head.gemma.measured", model=gemma.config.name, top=_top(gemma, probs),
+                                words=_show(stats), p_ba=f"{chars['巴']:.3g}", p_bei=f"{chars['北']:.3g}"),
+                              paris_verdict(stats),
                               numbers={**stats, "next_char": chars}))
 
-    rows.append(Claim(SECTION, "巴 wins because in training text 法国的首都是… is followed by 巴黎 far more often",
-                      "no training corpus here: the models' preferences are measured above, not their causes",
+    rows.append(Claim(SECTION, t("claims.lm_head.why.article"), t("claims.lm_head.why.measured"),
                       Verdict.UNCHECKABLE))
     return rows

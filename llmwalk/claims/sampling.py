@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ..analysis import Run, entropy, find_loop, kept, next_token_logits, study_summary, temperature_study
 from ..generation import decoding_head, generate
+from ..i18n import t
 from ..report import Claim, Verdict
 from ..sampling import apply_temperature, probs_after
 
@@ -52,6 +53,10 @@ def _f(x: float) -> str:
     return f"{x:.3g}"
 
 
+def _yes(x: bool) -> str:
+    return t("claims.common.yes") if x else t("claims.common.no")
+
+
 def _greedy_claims(model: "Model", runs: Sequence[Run]) -> list[Claim]:
     greedy = [r for r in runs if r.temperature == 0]
     same = len(greedy) > 1 and len({r.new_ids for r in greedy}) == 1
@@ -59,41 +64,39 @@ def _greedy_claims(model: "Model", runs: Sequence[Run]) -> list[Claim]:
     loop = find_loop(g.new_ids)
     pieces = "".join(model.tokenizer.pieces(list(loop.ids))) if loop else ""
     return [
-        Claim(SECTION, "Greedy: pick the most likely token — deterministic",
-              f"greedy answers to '{CHAT_PROMPT}' with seeds {', '.join(str(r.seed) for r in greedy)}: "
-              + ("identical" if same else "different"),
+        Claim(SECTION, t("claims.sampling.greedy.article"),
+              t("claims.sampling.greedy.measured", prompt=CHAT_PROMPT, seeds=", ".join(str(r.seed) for r in greedy),
+                outcome=t("claims.sampling.greedy.identical") if same else t("claims.sampling.greedy.different")),
               Verdict.of(same), numbers={"identical": same}),
-        Claim(SECTION, "Greedy easily falls into a repetition loop",
-              (f"'{LOOP_PROMPT}' + {LOOP_TOKENS} greedy tokens: from new token {loop.start + 1} on, the "
-               f"{loop.period} tokens {pieces!r} repeat {loop.repeats:.3g} times") if loop
-              else f"'{LOOP_PROMPT}' + {LOOP_TOKENS} greedy tokens: no loop",
+        Claim(SECTION, t("claims.sampling.loop.article"),
+              t("claims.sampling.loop.measured", prompt=LOOP_PROMPT, n=LOOP_TOKENS, start=loop.start + 1,
+                period=loop.period, pieces=repr(pieces), repeats=f"{loop.repeats:.3g}") if loop
+              else t("claims.sampling.loop.none", prompt=LOOP_PROMPT, n=LOOP_TOKENS),
               Verdict.of(loop is not None), numbers={"loop": loop}),
     ]
 
 
 def _temperature_claims(narrow: Tensor, runs: Sequence[Run]) -> list[Claim]:
     ts = (0.5, 1.0, 2.0)
-    h = [entropy(narrow, t) for t in ts]
+    h = [entropy(narrow, temp) for temp in ts]
     plain = bool(torch.equal(apply_temperature(narrow, 1.0).softmax(-1), narrow.softmax(-1)))
     ok = h[0] < h[1] < h[2] and plain
     s = study_summary(runs)
-    warm = [t for t in s if t > 0]
+    warm = [temp for temp in s if temp > 0]
     more_variety = all(s[a]["distinct_2"] <= s[b]["distinct_2"] for a, b in zip(warm, warm[1:]))
     less_natural = all(s[a]["mean_logprob"] >= s[b]["mean_logprob"] for a, b in zip(warm, warm[1:]))
     return [
-        Claim(SECTION, "Temperature divides the logits before softmax: T > 1 flattens, T < 1 sharpens, T = 1 is "
-                       "plain softmax",
-              f"'{NARROW}': entropy {', '.join(f'{_f(x)} (T = {t:g})' for x, t in zip(h, ts))} nats; "
-              f"T = 1 equals softmax exactly: {'yes' if plain else 'no'}",
+        Claim(SECTION, t("claims.sampling.temperature.article"),
+              t("claims.sampling.temperature.measured", prompt=NARROW,
+                entropies=", ".join(f"{_f(x)} (T = {temp:g})" for x, temp in zip(h, ts)), plain=_yes(plain)),
               Verdict.of(ok), numbers={"entropy": dict(zip(ts, h)), "plain": plain}),
-        Claim(SECTION, "Chat usually uses T ≈ 0.7–1.0; creative writing can go higher",
-              f"{len(runs) // len(s)} answers per T to '{CHAT_PROMPT}': distinct-2 "
-              + ", ".join(f"{_f(v['distinct_2'])}" for v in s.values())
-              + "; mean log p " + ", ".join(f"{v['mean_logprob']:.2f}" for v in s.values())   # 2 decimals: the same on every CPU
-              + f" (T = {', '.join(f'{t:g}' for t in s)}): "
-              + ("more variety, less natural text as T rises (T > 0). Where the sweet spot lies is a choice, "
-                 "not a measurement" if more_variety and less_natural else
-                 "no steady trade-off between variety and naturalness as T rises"),
+        Claim(SECTION, t("claims.sampling.chat_range.article"),
+              t("claims.sampling.chat_range.measured", n=len(runs) // len(s), prompt=CHAT_PROMPT,
+                distinct=", ".join(_f(v["distinct_2"]) for v in s.values()),
+                logprob=", ".join(f"{v['mean_logprob']:.2f}" for v in s.values()),   # 2 decimals: the same on every CPU
+                temperatures=", ".join(f"{temp:g}" for temp in s),
+                trend=t("claims.sampling.chat_range.trade_off") if more_variety and less_natural
+                else t("claims.sampling.chat_range.no_trade_off")),
               # the point: variety rises and naturalness falls with T; the detail, the sweet spot 0.7–1.0, is a choice
               Verdict.of(more_variety and less_natural, False), numbers={"summary": s}),
     ]
@@ -102,19 +105,17 @@ def _temperature_claims(narrow: Tensor, runs: Sequence[Run]) -> list[Claim]:
 def _cut_claims(narrow: Tensor, wide: Tensor) -> list[Claim]:
     k_ids = set(torch.topk(narrow, TOP_K).indices.tolist())
     k_kept = set(torch.nonzero(probs_after(narrow, top_k=TOP_K)).flatten().tolist())
-    tail = [1 - float(x.softmax(-1).topk(TOP_K).values.sum()) for x in (narrow, wide)]
+    tail = [1 - float(x.double().softmax(-1).topk(TOP_K).values.sum()) for x in (narrow, wide)]   # float64: a small tail
     sizes = [kept(x, top_p=TOP_P) for x in (narrow, wide)]
     minimal = all(_minimal_nucleus(x, TOP_P) for x in (narrow, wide))
     return [
-        Claim(SECTION, "Top-K draws only among the K most likely tokens (no absurd word out of 50,000)",
-              f"top-k = {TOP_K} keeps {len(k_kept)} tokens, {'exactly' if k_kept == k_ids else 'not'} the "
-              f"{TOP_K} most likely; without it a T = 1 draw lands outside them with p = {_f(tail[0])} "
-              f"('{NARROW}') or {_f(tail[1])} ('{WIDE}')",
+        Claim(SECTION, t("claims.sampling.top_k.article"),
+              t("claims.sampling.top_k.measured", k=TOP_K, kept=len(k_kept), exact=_yes(k_kept == k_ids),
+                tail_narrow=_f(tail[0]), narrow=NARROW, tail_wide=_f(tail[1]), wide=WIDE),
               Verdict.of(k_kept == k_ids), numbers={"kept": len(k_kept), "tail": tail}),
-        Claim(SECTION, "Top-P adds tokens from the top until their mass reaches P: few when the distribution is "
-                       "narrow, many when it is wide",
-              f"top-p = {TOP_P} keeps {sizes[0]} tokens for '{NARROW}', {sizes[1]} for '{WIDE}'; each is the "
-              f"smallest top set reaching {TOP_P}: {'yes' if minimal else 'no'}",
+        Claim(SECTION, t("claims.sampling.top_p.article"),
+              t("claims.sampling.top_p.measured", p=TOP_P, kept_narrow=sizes[0], narrow=NARROW, kept_wide=sizes[1],
+                wide=WIDE, minimal=_yes(minimal)),
               Verdict.of(minimal and sizes[0] < sizes[1]), numbers={"kept": sizes, "minimal": minimal}),
     ]
 
@@ -132,10 +133,7 @@ def _minimal_nucleus(logits: Tensor, p: float) -> bool:
 def _default_claim() -> Claim:
     d = library_defaults()
     top_p_default = bool(d["do_sample"]) and d["top_p"] < 1
-    return Claim(SECTION, "GPT models default to Top-P combined with temperature",
-                 f"transformers' generate() defaults: do_sample={d['do_sample']}, temperature={d['temperature']}, "
-                 f"top_k={d['top_k']}, top_p={d['top_p']} (greedy unless asked). OpenAI's own defaults are in "
-                 "no installed package",
+    return Claim(SECTION, t("claims.sampling.defaults.article"), t("claims.sampling.defaults.measured", **d),
                  # GPT's own defaults are not measurable offline; a library's default that samples with top-p
                  # supports the point, not the detail (which defaults "GPT models" use)
                  Verdict.of(True, False) if top_p_default else Verdict.UNCHECKABLE, numbers=d)

@@ -6,6 +6,7 @@ cuts are reported beside it when their tokenizers are passed in.
 from __future__ import annotations
 
 from ..cost import flops_by_stage, gpt2_config
+from ..i18n import t
 from ..kv_cache import kv_cache_bytes
 from ..report import Claim, Table, Verdict, table
 from ..tokens import Tokenizer, gpt2_tokenizer
@@ -37,7 +38,8 @@ def token_cost_table(texts: list[str], tokenizers: dict[str, Tokenizer]) -> Tabl
     for text in texts:
         counts = [len(tok.text_ids(text)) for tok in tokenizers.values()]
         rows.append([text.replace("\n", "↵"), len(text)] + [f"{n} ({n / len(text):.2f})" for n in counts])
-    return table(rows, ["text", "characters"] + [f"{name}: tokens (per char)" for name in tokenizers])
+    return table(rows, [t("claims.tokenization.cost_table.text"), t("claims.tokenization.cost_table.characters")]
+                 + [t("claims.tokenization.cost_table.tokens", name=name) for name in tokenizers])
 
 
 def forward_cost(tokens: int, config=None) -> dict[str, int]:
@@ -52,9 +54,11 @@ def _ids_claim(article_text: str, gpt2: Tokenizer, others: dict[str, Tokenizer],
     said = ARTICLE_IDS[article_text]
     real = gpt2.encode(article_text)
     elsewhere = "".join(f"; {name}: {len(tok.text_ids(article_text))}" for name, tok in others.items())
-    return Claim(SECTION, f"{article_text} → {said} ({len(said)} token{'s' * (len(said) > 1)}){note}",
-                 f"GPT-2: {real} ({len(real)} tokens{elsewhere}); "
-                 f"in GPT-2 the article's ids are '{visible(gpt2, said)}'",
+    article = (t("claims.tokenization.ids.article_one", text=article_text, ids=said, note=note) if len(said) == 1 else
+               t("claims.tokenization.ids.article_many", text=article_text, ids=said, n=len(said), note=note))
+    return Claim(SECTION, article,
+                 t("claims.tokenization.ids.measured", real=real, n=len(real), elsewhere=elsewhere,
+                   pieces=visible(gpt2, said)),
                  Verdict.of(len(real) == len(said), real == said),        # the point: the count; the detail: the ids
                  numbers={"gpt2_ids": real, "article_ids": said})
 
@@ -68,13 +72,13 @@ def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
     n = len(gpt2.encode(QUESTION_MARKED))
     mark = n - len(gpt2.encode(QUESTION))
     elsewhere = "".join(f"; {name}: {len(tok.text_ids(QUESTION_MARKED))}" for name, tok in others.items())
-    rows.append(Claim(SECTION, f"{QUESTION_MARKED} is cut into {ARTICLE_QUESTION_TOKENS} tokens; punctuation takes one",
-                      f"GPT-2: {n} tokens, '？' alone takes {mark}{elsewhere}",
+    rows.append(Claim(SECTION, t("claims.tokenization.nine.article", text=QUESTION_MARKED, n=ARTICLE_QUESTION_TOKENS),
+                      t("claims.tokenization.nine.measured", n=n, mark=mark, elsewhere=elsewhere),
                       Verdict.of(n == ARTICLE_QUESTION_TOKENS, mark == 1),
                       numbers={"tokens": n, "question_mark_tokens": mark}, said=ARTICLE_QUESTION_TOKENS))
 
     rows += [_ids_claim("巴黎", gpt2, others), _ids_claim("首都", gpt2, others),
-             _ids_claim("人工智", gpt2, others, note=", 'not seen in training'"),
+             _ids_claim("人工智", gpt2, others, note=t("claims.tokenization.ids.unseen")),
              _ids_claim("ChatGPT", gpt2, others)]
 
     # "英文切得更碎": the same question in English and in Chinese
@@ -82,20 +86,20 @@ def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
         return len(tok.text_ids(ENGLISH)), len(tok.text_ids(QUESTION_MARKED))
     en, zh = pair(gpt2)
     elsewhere = "".join("; {}: {} vs {}".format(name, *pair(tok)) for name, tok in others.items())
-    rows.append(Claim(SECTION, "English is cut finer (than Chinese)",
-                      f"the same question, English vs Chinese tokens — GPT-2: {en} vs {zh}{elsewhere}",
+    rows.append(Claim(SECTION, t("claims.tokenization.finer.article"),
+                      t("claims.tokenization.finer.measured", english=en, chinese=zh, elsewhere=elsewhere),
                       Verdict.of(en > zh), numbers={"english": en, "chinese": zh}))
 
     # "Token 越少，计算越快，内存占用越低"
     short, long = sorted([forward_cost(en), forward_cost(zh)], key=lambda c: c["tokens"])
     grows = short["flops"] < long["flops"] and short["kv_cache_bytes"] < long["kv_cache_bytes"]
-    rows.append(Claim(SECTION, "fewer tokens → faster, less memory",
-                      f"GPT-2 small, one forward pass: {short['tokens']} tokens {short['flops'] / 1e9:.3g} GFLOPs, "
-                      f"KV cache {short['kv_cache_bytes'] / 1e3:.4g} kB; {long['tokens']} tokens "
-                      f"{long['flops'] / 1e9:.3g} GFLOPs, {long['kv_cache_bytes'] / 1e3:.4g} kB",
+    rows.append(Claim(SECTION, t("claims.tokenization.fewer.article"),
+                      t("claims.tokenization.fewer.measured", short_n=short["tokens"],
+                        short_gflops=f"{short['flops'] / 1e9:.3g}", short_kb=f"{short['kv_cache_bytes'] / 1e3:.4g}",
+                        long_n=long["tokens"], long_gflops=f"{long['flops'] / 1e9:.3g}",
+                        long_kb=f"{long['kv_cache_bytes'] / 1e3:.4g}"),
                       Verdict.of(grows), numbers={"short": short, "long": long}))
 
-    rows.append(Claim(SECTION, "GPT-4 Turbo grew its window from 32K to 128K tokens, partly for token-dense code and maths",
-                      "GPT-4 Turbo is not available offline, and why OpenAI sized its window is not in any weights",
+    rows.append(Claim(SECTION, t("claims.tokenization.turbo.article"), t("claims.tokenization.turbo.measured"),
                       Verdict.UNCHECKABLE))
     return rows

@@ -7,7 +7,10 @@
 
 `check` runs your function on plain, edge and adversarial cases (large logits, ties, batches, zero vectors,
 T = 1, every k and p boundary) and compares it with llmwalk's implementation (or torch.nn.functional's). It never
-raises for a wrong answer: an exception in your code is reported with the case and your line that raised.
+raises for a wrong answer: an exception in your code is reported with the case and your line that raised, and a
+function still running after 10 s on one case (an endless loop) is stopped and reported the same way (on Unix, from
+the main thread: a notebook's cells run there). Verdicts, hints and reveal() speak the language set by
+`lw.set_language` ("en" or "zh").
 
 The exercises, by notebook (tensors are float32 unless said otherwise):
 
@@ -46,15 +49,17 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ..i18n import t
 from .catalogue import EXERCISES, gpt2_ranks
-from .grader import Case, Exercise, Result, grade
+from .grader import TIMEOUT, Case, Exercise, Result, grade
 
 
-def check(name: str, fn: Callable) -> Result:
-    """Grade your function `fn` for exercise `name`; the Result shows itself as a verdict in a notebook."""
+def check(name: str, fn: Callable, *, timeout: float | None = TIMEOUT) -> Result:
+    """Grade your function `fn` for exercise `name`; the Result shows itself as a verdict in a notebook. A case
+    running longer than `timeout` seconds is stopped (None: no limit)."""
     if name not in EXERCISES:
-        raise ValueError(f"no exercise named {name!r}: choose one of {', '.join(EXERCISES)}")
-    return grade(EXERCISES[name], fn)
+        raise ValueError(t("exercises.grader.unknown", name=repr(name), names=", ".join(EXERCISES)))
+    return grade(EXERCISES[name], fn, timeout=timeout)
 
 
 def exercises(notebook: str | None = None) -> list[Exercise]:
@@ -66,14 +71,14 @@ def reveal(guess, answer, *, unit: str = "", close: float = 0.1) -> str:
     """Compare a predicted value with the measured one, kindly; a guess of None just shows the answer."""
     shown = f"{answer:,}{unit}" if isinstance(answer, (int, float)) else repr(answer)
     if guess is None:
-        return f"The answer is {shown}. (Next time, write your guess in the cell above first.)"
+        return t("exercises.reveal.no_guess", answer=shown)
     if guess == answer or (isinstance(guess, str) and isinstance(answer, str)
                            and guess.strip().casefold() == answer.strip().casefold()):   # " Berlin" or "berlin"
-        return f"Spot on: {shown}."
+        return t("exercises.reveal.exact", answer=shown)
     if isinstance(answer, (int, float)) and isinstance(guess, (int, float)) and \
             abs(guess - answer) <= close * abs(answer):
-        return f"Close: you guessed {guess:,}{unit}, the answer is {shown}."
-    return f"You guessed {guess!r}; the answer is {shown}. Surprised? The cells above show why."
+        return t("exercises.reveal.close", guess=f"{guess:,}{unit}", answer=shown)
+    return t("exercises.reveal.wrong", guess=repr(guess), answer=shown)
 
 
 __all__ = ["Case", "EXERCISES", "Exercise", "Result", "check", "exercises", "gpt2_ranks", "reveal"]

@@ -1,6 +1,7 @@
 """Drawing helpers shared by the plots: figures, token labels, heatmaps, text grids, bars and token chips."""
 from __future__ import annotations
 
+import math
 import unicodedata
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -13,6 +14,7 @@ from matplotlib.patches import FancyBboxPatch
 KEPT, REMOVED, CHOSEN = "#4c78a8", "#cfcfcf", "#e45756"
 CHIP_COLORS = ("#fde2a8", "#c9e4f6", "#d5efc9", "#f6cfd8", "#e2d6f3", "#fbd5b5")
 VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥"}
+MAX_TICKS = 40            # tick labels per heatmap axis; a longer prompt labels every n-th token
 
 
 def show_figures_in_ipython() -> None:
@@ -61,13 +63,20 @@ def ink(background) -> str:
     return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
 
 
+def every_nth(names: Sequence[str], most: int = MAX_TICKS) -> tuple[range, list[str]]:
+    """Tick positions and labels for `names`, every n-th one when there are more than `most` (a long prompt's
+    150 labels would overlap and cost a text artist each on every draw)."""
+    step = max(1, math.ceil(len(names) / most))
+    return range(0, len(names), step), list(names[::step])
+
+
 def heatmap(ax, values, xlabels: Sequence[str], ylabels: Sequence[str], cmap: str = "viridis",
             vmin: float | None = None, vmax: float | None = None, colorbar: str | None = None):
-    """Matrix as colours with a label on every row and column; returns the image."""
+    """Matrix as colours with a label on every row and column (every n-th past MAX_TICKS); returns the image."""
     im = ax.imshow(np.asarray(values, dtype=float), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
                    interpolation="nearest")
-    ax.set_xticks(range(len(xlabels)), xlabels, rotation=90 if max(map(len, xlabels), default=0) > 2 else 0)
-    ax.set_yticks(range(len(ylabels)), ylabels)
+    ax.set_xticks(*every_nth(xlabels), rotation=90 if max(map(len, xlabels), default=0) > 2 else 0)
+    ax.set_yticks(*every_nth(ylabels))
     ax.tick_params(length=0)
     if colorbar is not None:
         ax.figure.colorbar(im, ax=ax, label=colorbar, shrink=0.8)

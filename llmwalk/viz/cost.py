@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 from torch import Tensor
 
+from ..i18n import t
 from ._draw import CHIP_COLORS, KEPT, Chip, chip_figure, new_figure, si, token_bars
 
 
@@ -22,14 +23,19 @@ def _bars(values: dict[str, float], unit: str, title: str) -> Figure:
     return fig
 
 
-def flops_bars(stages: dict[str, int], title: str = "FLOPs by stage") -> Figure:
+def flops_bars(stages: dict[str, int], title: str | None = None) -> Figure:
     """FLOPs of each stage (e.g. cost.flops_by_stage), with the total in the title."""
-    return _bars(stages, " FLOPs", f"{title}: {si(sum(stages.values()))} FLOPs in all")
+    return _bars(stages, " FLOPs", t("viz.cost.flops_total", title=title or t("viz.cost.flops_title"),
+                                      total=si(sum(stages.values()))))
 
 
-def memory_bars(sizes: dict[str, int], title: str = "memory") -> Figure:
+def memory_bars(sizes: dict[str, int], title: str | None = None) -> Figure:
     """Bytes per number format or part (e.g. {dtype: cost.weight_bytes(config, dtype)})."""
-    return _bars(sizes, "B", title)
+    fig = _bars(sizes, "B", title or t("viz.cost.memory"))
+    ax = fig.axes[0]
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v) + "B"))          # "5 GB", not "5 G" under "B"
+    ax.set_xlabel(t("viz.cost.bytes"))
+    return fig
 
 
 def time_per_token(context_lens: Sequence[int], series: dict[str, Sequence[float]]) -> Figure:
@@ -38,7 +44,8 @@ def time_per_token(context_lens: Sequence[int], series: dict[str, Sequence[float
     ax = fig.subplots()
     for name, seconds in series.items():
         ax.plot(context_lens, 1000 * np.asarray(seconds, dtype=float), marker=".", label=name)
-    ax.set(xlabel="context length (tokens)", ylabel="ms per token", title="time per new token", ylim=(0, None))
+    ax.set(xlabel=t("viz.cost.context_tokens"), ylabel=t("viz.cost.ms_per_token"), title=t("viz.cost.time_title"),
+           ylim=(0, None))
     ax.legend()
     ax.grid(alpha=0.3)
     return fig
@@ -46,16 +53,16 @@ def time_per_token(context_lens: Sequence[int], series: dict[str, Sequence[float
 
 def error_histogram(errors: Tensor | dict[str, Tensor], bins: int = 100) -> Figure:
     """Histogram of quantization errors (quantized − original), one colour per format, log counts."""
-    errors = errors if isinstance(errors, dict) else {"error": errors}
+    errors = errors if isinstance(errors, dict) else {t("viz.cost.error"): errors}
     fig = new_figure(7, 3.8)
     ax = fig.subplots()
     lim = max(float(e.abs().max()) for e in errors.values()) or 1.0
     for name, e in errors.items():
         e = e.detach().float().flatten()
         ax.hist(e.numpy(), bins=np.linspace(-lim, lim, bins + 1), histtype="stepfilled", alpha=0.5, log=True,
-                label=f"{name}: mean |e| {e.abs().mean():.2g}, max {e.abs().max():.2g}")
-    ax.set(xlabel="error", ylabel="count", title="quantization error")
-    ax.legend(fontsize=8)
+                label=t("viz.cost.error_label", name=name, mean=f"{e.abs().mean():.2g}", max=f"{e.abs().max():.2g}"))
+    ax.set(xlabel=t("viz.cost.error"), ylabel=t("viz.cost.count"), title=t("viz.cost.error_title"))
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)   # beside the bars, not on them
     return fig
 
 
@@ -72,20 +79,21 @@ def speculative_timeline(rounds) -> Figure:
     rows = []
     for n, r in enumerate(rounds, 1):
         proposed, accepted, extra = _field(r, "proposed"), _field(r, "accepted"), _field(r, "extra")
-        chips = [Chip(t, "✓" if k < accepted else "✗", CHIP_COLORS[2] if k < accepted else "#eeeeee",
-                      "none" if k < accepted else "#e45756") for k, t in enumerate(proposed)]
+        chips = [Chip(token, "✓" if k < accepted else "✗", CHIP_COLORS[2] if k < accepted else "#eeeeee",
+                      "none" if k < accepted else "#e45756") for k, token in enumerate(proposed)]
         chips += [Chip("→", color=None),
-                  Chip(extra, "bonus" if accepted == len(proposed) else "resampled", CHIP_COLORS[1])]
-        rows.append((f"round {n}\n+{accepted + 1} tokens", chips))
+                  Chip(extra, t("viz.cost.bonus") if accepted == len(proposed) else t("viz.cost.resampled"),
+                       CHIP_COLORS[1])]
+        rows.append((t("viz.cost.spec_round", round=n, gained=accepted + 1), chips))
     return chip_figure(rows, width=None)
 
 
-def stage_timeline(seconds: dict[str, float], title: str = "one pass, stage by stage") -> Figure:
+def stage_timeline(seconds: dict[str, float], title: str | None = None) -> Figure:
     """Where the time goes: one bar per stage, placed where it starts (consecutive 'layer i' share a row)."""
     rows: list[tuple[str, list[tuple[float, float]]]] = []
     start = 0.0
     for name, s in seconds.items():
-        row = "layers" if re.fullmatch(r"layer \d+", name) else name
+        row = t("viz.cost.layers") if re.fullmatch(r"layer \d+", name) else name
         if rows and rows[-1][0] == row:
             rows[-1][1].append((start, s))
         else:
@@ -100,7 +108,8 @@ def stage_timeline(seconds: dict[str, float], title: str = "one pass, stage by s
         ax.text(ms[-1][0] + ms[-1][1], y, f" {total:.2f} ms", va="center", fontsize=8)
     ax.set_yticks(range(len(rows)), [f"{len(s)} {r}" if len(s) > 1 else r for r, s in rows])
     ax.invert_yaxis()
-    ax.set(xlabel="milliseconds", title=f"{title}: {1000 * start:.1f} ms in all", xlim=(0, 1000 * start * 1.15 or 1))
+    ax.set(xlabel=t("viz.cost.milliseconds"), xlim=(0, 1000 * start * 1.15 or 1),
+           title=t("viz.cost.timeline_total", title=title or t("viz.cost.timeline_title"), ms=f"{1000 * start:.1f}"))
     ax.spines[["top", "right"]].set_visible(False)
     return fig
 
@@ -113,22 +122,22 @@ def pass_cost(tokens: Sequence[int], flops: Sequence[float], bytes_read: Sequenc
     fig = new_figure(11 if seconds is not None else 6, 3.8)
     axes = fig.subplots(1, 2 if seconds is not None else 1, squeeze=False)[0]
     ax = axes[0]
-    ax.plot(tokens, flops, "o-", color=KEPT, label="FLOPs computed")
-    ax.plot(tokens, bytes_read, "s-", color="#e45756", label="bytes read (weights + KV cache)")
-    ax.set(xscale="log", yscale="log", xlabel="tokens in one forward pass", ylabel="per pass",
-           title="one pass: work vs memory traffic")
-    ax.set_xticks(tokens, [str(t) for t in tokens])
+    ax.plot(tokens, flops, "o-", color=KEPT, label=t("viz.cost.flops_computed"))
+    ax.plot(tokens, bytes_read, "s-", color="#e45756", label=t("viz.cost.bytes_read"))
+    ax.set(xscale="log", yscale="log", xlabel=t("viz.cost.pass_tokens"), ylabel=t("viz.cost.per_pass"),
+           title=t("viz.cost.pass_title"))
+    ax.set_xticks(tokens, [str(n) for n in tokens])
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3, which="both")
     if seconds is not None:
         ms = 1000 * np.asarray(seconds, dtype=float)
         right = axes[1]
-        right.plot(tokens, ms, "o-", color=KEPT, label="ms per pass")
-        right.plot(tokens, ms / np.asarray(tokens), "s-", color="#e45756", label="ms per token")
-        right.set(xscale="log", xlabel="tokens in one forward pass", ylabel="ms", ylim=(0, None),
-                  title="measured on this machine")
-        right.set_xticks(tokens, [str(t) for t in tokens])
+        right.plot(tokens, ms, "o-", color=KEPT, label=t("viz.cost.ms_per_pass"))
+        right.plot(tokens, ms / np.asarray(tokens), "s-", color="#e45756", label=t("viz.cost.ms_per_token"))
+        right.set(xscale="log", xlabel=t("viz.cost.pass_tokens"), ylabel="ms", ylim=(0, None),
+                  title=t("viz.cost.measured_here"))
+        right.set_xticks(tokens, [str(n) for n in tokens])
         right.legend(fontsize=8, loc="upper left")
         right.grid(alpha=0.3)
     return fig

@@ -9,6 +9,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from ..embedding import rope_angles
+from ..i18n import t
 from ._draw import cell_text, heatmap, new_figure
 
 
@@ -24,8 +25,8 @@ def vector_strips(vectors: Tensor, labels: Sequence[str]) -> Figure:
     lim = float(np.percentile(np.abs(v), 99)) or 1.0      # a few huge entries would wash out the rest
     fig = new_figure(10, 0.9 + 0.35 * len(v))
     ax = fig.subplots()
-    heatmap(ax, v, [], labels, cmap="RdBu_r", vmin=-lim, vmax=lim, colorbar="value")
-    ax.set_xlabel(f"dimension (0 … {v.shape[1] - 1})")
+    heatmap(ax, v, [], labels, cmap="RdBu_r", vmin=-lim, vmax=lim, colorbar=t("viz.embedding.value"))
+    ax.set_xlabel(t("viz.embedding.dimensions", last=v.shape[1] - 1))
     return fig
 
 
@@ -35,7 +36,7 @@ def similarity_matrix(vectors: Tensor, labels: Sequence[str]) -> Figure:
     n = len(labels)
     fig = new_figure(2 + 0.45 * n, 1.5 + 0.4 * n)
     ax = fig.subplots()
-    im = heatmap(ax, sim, labels, labels, cmap="RdBu_r", vmin=-1, vmax=1, colorbar="cosine similarity")
+    im = heatmap(ax, sim, labels, labels, cmap="RdBu_r", vmin=-1, vmax=1, colorbar=t("viz.embedding.cosine"))
     if n <= 16:
         cell_text(ax, im, [[f"{s:.2f}" for s in row] for row in sim], fontsize=7)
     return fig
@@ -43,15 +44,17 @@ def similarity_matrix(vectors: Tensor, labels: Sequence[str]) -> Figure:
 
 def position_table(table: Tensor, n_pos: int = 128) -> Figure:
     """Learned position embeddings (GPT-2): the table, and how alike the vectors of two positions are.  # [n_pos, d]"""
-    t = table[:n_pos].float()
+    rows = table[:n_pos].float()
     fig = new_figure(11, 4)
     left, right = fig.subplots(1, 2, width_ratios=(1.6, 1))
-    lim = float(np.percentile(t.abs().numpy(), 99)) or 1.0
-    im = left.imshow(t.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
-    left.set(xlabel="dimension", ylabel="position", title=f"position embedding table (first {len(t)} rows)")
+    lim = float(np.percentile(rows.abs().numpy(), 99)) or 1.0
+    im = left.imshow(rows.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+    left.set(xlabel=t("viz.embedding.dimension"), ylabel=t("viz.embedding.position"),
+             title=t("viz.embedding.position_table", rows=len(rows)))
     fig.colorbar(im, ax=left, shrink=0.8)
-    im = right.imshow(cosine(t, t), cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
-    right.set(xlabel="position", ylabel="position", title="cosine similarity between positions")
+    im = right.imshow(cosine(rows, rows), cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
+    right.set(xlabel=t("viz.embedding.position"), ylabel=t("viz.embedding.position"),
+              title=t("viz.embedding.position_cosine"))
     fig.colorbar(im, ax=right, shrink=0.8)
     return fig
 
@@ -67,11 +70,11 @@ def rope_frequencies(d_head: int = 64, theta: float = 10000.0, n_pos: int = 64) 
     left, right = fig.subplots(1, 2, width_ratios=(1.6, 1))
     im = left.imshow(angles.T.numpy(), cmap="twilight", vmin=-np.pi, vmax=np.pi, aspect="auto",
                      interpolation="nearest")
-    left.set(xlabel="position", ylabel="dimension pair i", title=f"rotation angle (θ = {theta:g}, d_head = {d_head})")
-    fig.colorbar(im, ax=left, shrink=0.8, label="angle (rad)")
+    left.set(xlabel=t("viz.embedding.position"), ylabel=t("viz.embedding.pair"),
+             title=t("viz.embedding.rope_angle", theta=f"{theta:g}", d_head=d_head))
+    fig.colorbar(im, ax=left, shrink=0.8, label=t("viz.embedding.angle"))
     right.semilogy(range(half), (2 * np.pi / speed).numpy(), marker=".")
-    right.set(xlabel="dimension pair i", ylabel="positions per full turn",
-              title="pair i turns 1/θ^(2i/d) rad per position:\none full turn takes 2π·θ^(2i/d) positions")
+    right.set(xlabel=t("viz.embedding.pair"), ylabel=t("viz.embedding.per_turn"), title=t("viz.embedding.turn_title"))
     right.grid(alpha=0.3)
     return fig
 
@@ -84,25 +87,25 @@ def order_demo(trace_a, trace_b, labels_a: Sequence[str], labels_b: Sequence[str
     fig = new_figure(12, 4.2)
     left, right = fig.subplots(1, 2, width_ratios=(1, 1.8))
     sim = cosine(trace_a.tok_emb, trace_b.tok_emb)
-    im = heatmap(left, sim, labels_b, labels_a, cmap="RdBu_r", vmin=-1, vmax=1, colorbar="cosine similarity")
+    im = heatmap(left, sim, labels_b, labels_a, cmap="RdBu_r", vmin=-1, vmax=1, colorbar=t("viz.embedding.cosine"))
     if max(sim.shape) <= 12:                          # small enough to write every value in its cell
         cell_text(left, im, [[f"{round(float(s), 2) or 0.0:.2f}" for s in row] for row in sim], fontsize=7)
     else:                                             # only mark the pairs that are the same vector
         cell_text(left, im, [["1" if s > 0.9999 else "" for s in row] for row in sim])
     same = torch.equal(trace_a.tok_emb[order_a], trace_b.tok_emb[order_b])
-    left.set_title(f"token vectors: cosine similarity\nthe same vectors in another order: {same}")
-    stages = [("tokens", trace_a.tok_emb, trace_b.tok_emb)]
+    left.set_title(t("viz.embedding.order_same", same=same))
+    stages = [("emb", trace_a.tok_emb, trace_b.tok_emb)]              # layers from 0, as everywhere (resid_axis)
     if trace_a.pos_emb is not None:
-        stages.append(("+ pos", trace_a.x0, trace_b.x0))
-    stages += [(str(i), a.resid_post, b.resid_post) for i, (a, b) in enumerate(zip(trace_a.layers, trace_b.layers), 1)]
+        stages.append(("emb + pos", trace_a.x0, trace_b.x0))
+    stages += [(str(i), a.resid_post, b.resid_post) for i, (a, b) in enumerate(zip(trace_a.layers, trace_b.layers))]
     # each token against itself in the other sentence
     sims = np.array([np.diag(cosine(a[order_a], b[order_b])) for _, a, b in stages])     # [stages, T]
     x = np.arange(len(stages))
-    right.bar(x, sims.mean(1), color="#4c78a8", label="mean over tokens")
-    right.plot(x, sims.min(1), "v", color="#e45756", label="least similar token")
+    right.bar(x, sims.mean(1), color="#4c78a8", label=t("viz.embedding.mean_tokens"))
+    right.plot(x, sims.min(1), "v", color="#e45756", label=t("viz.embedding.least_similar"))
     right.set_xticks(x, [s for s, _, _ in stages], rotation=90, fontsize=8)
-    right.set(xlabel="after layer", ylabel="cosine similarity", ylim=(min(0, sims.min()) - 0.05, 1.05),
-              title="each token against the same token in the other order")
+    right.set(xlabel=t("viz.embedding.after_layer"), ylabel=t("viz.embedding.cosine"),
+              ylim=(min(0, sims.min()) - 0.05, 1.05), title=t("viz.embedding.order_title"))
     right.axhline(1, color="#888", lw=0.8, ls=":")
     right.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))       # beside the bars, not on them
     right.spines[["top", "right"]].set_visible(False)

@@ -5,6 +5,7 @@ from typing import Sequence
 
 from matplotlib.figure import Figure
 
+from ..i18n import t
 from ..report import Table, table
 from ._draw import CHIP_COLORS, Chip, chip_figure, show_piece
 
@@ -42,10 +43,12 @@ def generation_table(steps, tokenizer, prompt_ids: Sequence[int]) -> Table:
     rows = []
     for step, context in zip(steps, _contexts(steps, tokenizer, prompt_ids)):
         shown = ("[…, " if len(context) > CONTEXT else "[") + ", ".join(show_piece(p) for p in context[-CONTEXT:]) + "]"
-        rows.append((f"第{step.index}轮", str(step.context_len), str(step.input_len), shown, show_piece(step.token),
+        rows.append((t("viz.generation.round_cell", index=step.index), str(step.context_len), str(step.input_len),
+                     shown, show_piece(step.token),
                      f"{step.prob:.3f}", *((_model_p(step),) if raw else ())))
-    return table(rows, ("round", "context length", "tokens run", "context", "→ token", "p",
-                        *(("model p",) if raw else ())))
+    return table(rows, (t("viz.generation.round"), t("viz.generation.context_length"), t("viz.generation.tokens_run"),
+                        t("viz.generation.context"), t("viz.generation.token"), "p",
+                        *((t("viz.generation.model_p"),) if raw else ())))
 
 
 def generation_figure(steps, tokenizer, prompt_ids: Sequence[int]) -> Figure:
@@ -57,6 +60,8 @@ def generation_figure(steps, tokenizer, prompt_ids: Sequence[int]) -> Figure:
     for step, context in zip(steps, _contexts(steps, tokenizer, prompt_ids)):
         chips = [Chip("…", color=None)] if len(context) > CONTEXT else []
         chips += [Chip(p, color="#eeeeee") for p in context[-CONTEXT:]]
-        chips += [Chip("→", color=None), Chip(step.token, f"p = {step.prob:.2f}", CHIP_COLORS[3])]
-        rows.append((f"round {step.index}", chips))
+        p = (t("viz.generation.chip_model_p", p=_model_p(step)) if step.top       # the model's own p, as the table
+             else t("viz.generation.chip_p", p=f"{step.prob:.2f}"))
+        chips += [Chip("→", color=None), Chip(step.token, p, CHIP_COLORS[3])]
+        rows.append((t("viz.generation.round_row", index=step.index), chips))
     return chip_figure(rows, width=None)

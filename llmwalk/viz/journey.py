@@ -6,10 +6,11 @@ from typing import TYPE_CHECKING
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..i18n import t
 from ._draw import CHIP_COLORS, CHOSEN, show_piece, text_width
 
 if TYPE_CHECKING:
-    from ..journey import Journey
+    from ..walk import Journey
 
 FONT = 10                       # points; box geometry is in em of this size
 ARTICLE = {"tokenize": "Token 化", "embedding": "Embedding", "softmax": "Softmax"}   # the article's names
@@ -24,9 +25,11 @@ def _boxes(j: "Journey") -> list[tuple[str, str, str]]:
         if stage.endswith("(attention + FFN)"):
             name = stage.replace("(attention + FFN)", "Attention/FFN")
         elif stage.startswith("LM head"):
-            name = "LM Head" + stage[len("LM head"):]
+            name = t("viz.journey.lm_head")
+        elif stage.startswith("final norm"):
+            name = t("viz.journey.final_norm")
         elif stage == "pick a token":
-            name = "pick a token (greedy)"
+            name = t("viz.journey.pick")
         else:
             name = ARTICLE.get(stage, stage)
         boxes.append((name, shape, NOT_IN_ARTICLE if stage.startswith("final norm") else CHIP_COLORS[0]))
@@ -38,13 +41,14 @@ def _loop_label(j: "Journey") -> str:
     """What the rounds after the first did: 加回输入 → 重复, how many tokens each ran, and why the loop stopped."""
     steps = j.answer.steps
     if len(steps) < 2:
-        return f"加回输入 → 重复: no second round (max_new_tokens = {len(steps)})"
+        return t("viz.journey.no_second", n=len(steps))
     later = steps[1:]
-    run = (f"1 new token each (KV cache), attending to {later[0].context_len}…{later[-1].context_len}"
-           if all(s.input_len == 1 for s in later) else f"{later[0].input_len}…{later[-1].input_len} tokens each")
-    end = (f"until {show_piece(steps[-1].token)} = [EOS]" if j.answer.stopped == "eos"
-           else f"stopped by max_new_tokens = {len(steps)}: no [EOS]")
-    return f"加回输入 → 重复: rounds 2–{len(steps)} run {run} … {end}"
+    run = (t("viz.journey.run_cached", first=later[0].context_len, last=later[-1].context_len)
+           if all(s.input_len == 1 for s in later)
+           else t("viz.journey.run_whole", first=later[0].input_len, last=later[-1].input_len))
+    end = (t("viz.journey.until_eos", token=show_piece(steps[-1].token)) if j.answer.stopped == "eos"
+           else t("viz.journey.max_tokens", n=len(steps)))
+    return t("viz.journey.loop", last=len(steps), run=run, end=end)
 
 
 def _rows(widths: list[float], gap: float, max_width: float) -> list[list[int]]:
@@ -75,13 +79,13 @@ def journey_diagram(j: "Journey", width: float = 64) -> Figure:
     height = 3.5 - bottom + 2.2
     fig = Figure(figsize=(width * FONT / 72, height * FONT / 72))     # no layout engine: one axes, placed by hand
     ax = fig.add_axes((0, 0, 1, 1), xlim=(0, width), ylim=(bottom - 2.2, 3.5), frame_on=False, xticks=[], yticks=[])
-    ax.text(0.5, 2.3, f"round 1: the first token, {len(j.ids)} tokens in", fontsize=FONT * 0.9, color="#555")
+    ax.text(0.5, 2.3, t("viz.journey.round_1", n=len(j.ids)), fontsize=FONT * 0.9, color="#555")
     texts = [ax.text(centre[i], y[i], f"{name}\n{note}", ha="center", va="center", fontsize=FONT,
                      bbox=dict(boxstyle="round", fc=colour, ec="none")) for i, (name, note, colour) in enumerate(boxes)]
     to_data, renderer = ax.transData.inverted(), FigureCanvasAgg(fig).get_renderer()
-    for t in texts:                                          # place each box's patch around its text now
-        t.update_bbox_position_size(renderer)
-    edges = [to_data.transform(t.get_bbox_patch().get_window_extent(renderer)) for t in texts]  # [[x0, y0], [x1, y1]]
+    for box in texts:                                        # place each box's patch around its text now
+        box.update_bbox_position_size(renderer)
+    edges = [to_data.transform(box.get_bbox_patch().get_window_extent(renderer)) for box in texts]  # [[x0, y0], [x1, y1]]
     for a in range(len(boxes) - 1):                          # an arrow to the next box, bent down to a new row
         b = a + 1
         if y[a] == y[b]:

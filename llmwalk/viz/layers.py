@@ -6,6 +6,7 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyBboxPatch
 
+from ..i18n import t
 from ..weights import Config
 from ._draw import CHIP_COLORS, heatmap, labels, new_figure, show_piece
 
@@ -18,7 +19,7 @@ def residual_norms(trace, tokenizer) -> Figure:
     for name, column in zip(labels(tokenizer, trace.ids), norms.T):
         ax.plot(np.arange(-1, len(column) - 1), column, marker=".", label=name)
     resid_axis(ax, len(norms) - 1)
-    ax.set(yscale="log", ylabel="‖x‖", title="residual stream norm, layer by layer")
+    ax.set(yscale="log", ylabel="‖x‖", title=t("viz.layers.resid_title"))
     ax.legend(fontsize=8, ncols=max(1, len(norms.T) // 16 + 1), loc="center left", bbox_to_anchor=(1, 0.5))
     ax.grid(alpha=0.3)
     return fig
@@ -30,7 +31,7 @@ def resid_axis(ax, n_layer: int) -> None:
     step = max(1, round(n_layer / 10))
     ticks = [-1] + list(range(0, n_layer - step // 2, step)) + [n_layer - 1]
     ax.set_xticks(ticks, ["emb"] + [str(i) for i in ticks[1:]])
-    ax.set_xlabel("residual stream after layer … (emb = the embedding, before layer 0)")
+    ax.set_xlabel(t("viz.layers.resid_axis"))
 
 
 def norm_stats(trace) -> Figure:
@@ -40,18 +41,17 @@ def norm_stats(trace) -> Figure:
     fig = new_figure(10, 3.8)
     axes = fig.subplots(1, 2)
     for ax, stat in zip(axes, ("std", "mean")):
-        for x, name, color in ((before, "entering the norm (residual)", "#e45756"),
-                               (after, "after the norm", "#4c78a8")):
+        for x, name, color in ((before, t("viz.layers.norm_in"), "#e45756"),
+                               (after, t("viz.layers.norm_out"), "#4c78a8")):
             per_token = getattr(x, stat)(dim=-1)                       # [n_layer, T]: over the d dimensions
             layers = np.arange(len(per_token))
             ax.plot(layers, per_token.median(1).values.numpy(), marker=".", color=color, label=name)
             ax.fill_between(layers, per_token.amin(1).numpy(), per_token.amax(1).numpy(), color=color, alpha=0.15)
-        ax.set(xlabel="layer", title=f"{stat} of each token's vector")
+        ax.set(xlabel=t("viz.layers.layer"), title=t("viz.layers.norm_stat", stat=stat))
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[0].legend(fontsize=8)
-    fig.suptitle(f"the attention norm, layer by layer (d = {trace.x0.shape[-1]}; line: median token, band: min–max)",
-                 fontsize=10)
+    fig.suptitle(t("viz.layers.norm_title", d=trace.x0.shape[-1]), fontsize=10)
     return fig
 
 
@@ -67,9 +67,10 @@ def ffn_widths(*configs: Config) -> Figure:
         gated = c.ffn != "gelu"
         hidden = f"{c.d_ff}" + ("  act(gate) ⊙ up" if gated else "  gelu(up)")
         params = (3 if gated else 2) * c.d_model * c.d_ff
-        for y, dim, text, color, two in ((2.2, c.d_model, f"{c.d_model}  in", CHIP_COLORS[1], False),
+        for y, dim, text, color, two in ((2.2, c.d_model, t("viz.layers.ffn_in", d=c.d_model), CHIP_COLORS[1], False),
                                          (1.2, c.d_ff, hidden, CHIP_COLORS[0], gated),
-                                         (0.2, c.d_model, f"{c.d_model}  out", CHIP_COLORS[1], False)):
+                                         (0.2, c.d_model, t("viz.layers.ffn_out", d=c.d_model), CHIP_COLORS[1],
+                                          False)):
             w = 0.9 * dim / widest
             for dx, fc in ((0.02, CHIP_COLORS[3]), (0, color)) if two else ((0, color),):   # gate behind up
                 ax.add_patch(FancyBboxPatch((centre - w / 2 + dx, y + 3 * dx), w, 0.42, boxstyle="round,pad=0.01",
@@ -77,8 +78,8 @@ def ffn_widths(*configs: Config) -> Figure:
             ax.text(centre, y + 0.21, text, ha="center", va="center", fontsize=9)
         for y in (2.2, 1.2):
             ax.annotate("", (centre, y - 0.36), (centre, y - 0.02), arrowprops=dict(arrowstyle="->", color="#555"))
-        ax.text(centre, 2.85, f"{c.name} ({c.ffn})\n{params / 1e6:.2f} M parameters per FFN", ha="center", va="center",
-                fontsize=10)
+        ax.text(centre, 2.85, t("viz.layers.ffn_params", name=c.name, ffn=c.ffn, millions=f"{params / 1e6:.2f}"),
+                ha="center", va="center", fontsize=10)
     return fig
 
 
@@ -101,7 +102,7 @@ def intervention_bars(effects: dict, tokenizer, tokens) -> Figure:
     ax.set_yticks(y, names)
     ax.set_ylim(len(names) - 0.5, -0.5)
     ax.axhline(0.5, color="#888", lw=0.8)
-    ax.set(xlim=(0, 1.08), xlabel="probability of the next token")
+    ax.set(xlim=(0, 1.08), xlabel=t("viz.layers.p_next"))
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     return fig
@@ -113,14 +114,14 @@ def patching_heatmap(grid, tokenizer, ids, token, source: str) -> Figure:
     # grid [n_layer + 1, T] (interventions.patching_grid)
     """
     word = show_piece(tokenizer.pieces([token])[0])
-    rows = [f"into layer {i}" for i in range(len(grid) - 1)] + ["after the last"]
+    rows = [t("viz.layers.into_layer", layer=i) for i in range(len(grid) - 1)] + [t("viz.layers.after_last")]
     fig = new_figure(2.6 + 0.75 * grid.shape[1], 1.0 + 0.16 * len(grid))
     ax = fig.subplots()
     heatmap(ax, grid.numpy(), labels(tokenizer, ids), rows, cmap="Reds", vmin=0, vmax=1,
-            colorbar=f"P(“{word}”) next")
+            colorbar=t("viz.layers.p_word", word=word))
     ax.xaxis.tick_top()
     ax.tick_params(axis="y", labelsize=7)
-    ax.set_title(f"patched from {source!r}", fontsize=10)
+    ax.set_title(t("viz.layers.patched_from", source=repr(source)), fontsize=10)
     return fig
 
 
@@ -133,9 +134,10 @@ def ablation_sweep(sweeps: dict, base: float, word: str) -> Figure:
     ax = fig.subplots()
     for (name, probs), color in zip(sweeps.items(), ("#4c78a8", "#e45756", "#54a24b")):
         ax.plot(np.arange(len(probs)), np.asarray(probs, dtype=float), marker="o", ms=4, color=color,
-                label=f"{name} of that layer removed")
-    ax.axhline(base, color="#555", ls="--", lw=1, label="nothing removed")
-    ax.set(xlabel="layer (from 0)", ylabel=f"P(“{word}”) next", ylim=(0, 1), xlim=(-0.5, len(probs) - 0.5))
+                label=t("viz.layers.removed", part=name))
+    ax.axhline(base, color="#555", ls="--", lw=1, label=t("viz.layers.nothing_removed"))
+    ax.set(xlabel=t("viz.layers.layer_from_0"), ylabel=t("viz.layers.p_word", word=word), ylim=(0, 1),
+           xlim=(-0.5, len(probs) - 0.5))
     ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.01), ncols=3, frameon=False)
     ax.grid(alpha=0.3)
     return fig

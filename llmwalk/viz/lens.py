@@ -7,6 +7,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from ..head import logit_lens
+from ..i18n import t
 from ._draw import cell_text, heatmap, labels, new_figure, show_piece
 from .layers import resid_axis
 
@@ -22,8 +23,9 @@ def _text_grid(top_probs: torch.Tensor, top_ids: torch.Tensor, tokenizer, column
     rows, cols = top_probs.shape
     fig = new_figure(1.6 + 0.8 * cols, 0.8 + 0.2 * rows)
     ax = fig.subplots()
-    layers = ["embedding"] + [f"after layer {i}" for i in range(rows - 1)]
-    im = heatmap(ax, top_probs.numpy(), columns, layers, cmap="Blues", vmin=0, vmax=1, colorbar="probability")
+    layers = [t("viz.lens.embedding")] + [t("viz.lens.after_layer", layer=i) for i in range(rows - 1)]
+    im = heatmap(ax, top_probs.numpy(), columns, layers, cmap="Blues", vmin=0, vmax=1,
+                 colorbar=t("viz.lens.probability"))
     texts = [[show_piece(p, 8) for p in tokenizer.pieces(row)] for row in top_ids.tolist()]
     cell_text(ax, im, texts, fontsize=7)
     ax.xaxis.tick_top()
@@ -36,7 +38,7 @@ def logit_lens_grid(trace, model) -> Figure:
     """The most likely next token at every layer (down) and position (across); the last row is the model's answer."""
     top = lens_logits(trace, model).softmax(-1).max(dim=-1)
     return _text_grid(top.values, top.indices, model.tokenizer, labels(model.tokenizer, trace.ids, 8),
-                      "logit lens: top next token after each layer")
+                      t("viz.lens.grid_title"))
 
 
 def logit_lens_top(trace, model, position: int = -1, k: int = 5) -> Figure:
@@ -44,7 +46,7 @@ def logit_lens_top(trace, model, position: int = -1, k: int = 5) -> Figure:
     top = lens_logits(trace, model, position).softmax(-1).topk(k, dim=-1)
     word = labels(model.tokenizer, [trace.ids[position]], limit=None)[0]
     return _text_grid(top.values, top.indices, model.tokenizer, [f"#{r}" for r in range(1, k + 1)],
-                      f"logit lens after “{word}” (position {position % len(trace.ids)})")
+                      t("viz.lens.top_title", word=word, position=position % len(trace.ids)))
 
 
 def token_rank(trace, model, token: int | str, position: int = -1) -> Figure:
@@ -62,11 +64,11 @@ def token_rank(trace, model, token: int | str, position: int = -1) -> Figure:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
     word = show_piece(model.tokenizer.pieces([token])[0])
     resid_axis(ax, len(rank) - 1)
-    ax.set(title=f"“{word}” after each layer")
+    ax.set(title=t("viz.lens.rank_title", word=word))
     ax.grid(alpha=0.3)
     right = ax.twinx()
     right.plot(layers, prob, marker=".", color="#e45756")
     right.set_ylim(0, 1)
-    right.set_ylabel("probability", color="#e45756")
-    ax.set_ylabel("rank (1 = top)", color="#4c78a8")
+    right.set_ylabel(t("viz.lens.probability"), color="#e45756")
+    ax.set_ylabel(t("viz.lens.rank"), color="#4c78a8")
     return fig

@@ -7,6 +7,7 @@ from matplotlib.figure import Figure
 from matplotlib.transforms import ScaledTranslation
 from torch import Tensor
 
+from ..i18n import t
 from ..sampling import apply_temperature, min_p_filter, probs_after, surgery, top_k_filter, top_p_filter
 from ._draw import CHOSEN, KEPT, REMOVED, labels, new_figure, token_bars
 
@@ -15,7 +16,7 @@ def _cuts(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, to
          min_p: float | None = None) -> tuple[Tensor, dict[str, int]]:
     """Which tokens survive, and how many are left after each cut (generate()'s order).  # [vocab] -> [vocab] bool"""
     if temperature == 0:
-        return torch.arange(logits.shape[-1]) == logits.argmax(), {"greedy (T = 0)": 1}
+        return torch.arange(logits.shape[-1]) == logits.argmax(), {t("viz.sampling.greedy"): 1}
     x, left = apply_temperature(logits, temperature), {}
     for name, value, cut in (("top-k", top_k, top_k_filter), ("top-p", top_p, top_p_filter),
                              ("min-p", min_p, min_p_filter)):
@@ -52,7 +53,7 @@ def _prob_bars(ax, logits: Tensor, tokenizer, n: int) -> None:
     ids = logits.topk(min(n, len(logits))).indices        # ÷T keeps the order: the same tokens at every temperature
     token_bars(ax, labels(tokenizer, ids), np.zeros(len(ids)), KEPT)
     _values_at_right(ax)
-    ax.plot(np.zeros(len(ids)), range(len(ids)), color="#f58518", marker=".", lw=1, label="cumulative")
+    ax.plot(np.zeros(len(ids)), range(len(ids)), color="#f58518", marker=".", lw=1, label=t("viz.sampling.cumulative"))
     ax.set_xlim(0, 1.05)
     _legend_below(ax, [ax.containers[0], ax.lines[0]], ["bars", "line"])
 
@@ -80,14 +81,17 @@ def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min
             ax.axhline(count - 0.5, color="#222", ls="--", lw=1, gid="cut")
             ax.text(0.55, count - 0.5, "✂ " + " · ".join(names), ha="center", va="center", fontsize=8, gid="cut",
                     transform=ax.get_yaxis_transform(), bbox=dict(fc="white", ec="#222", boxstyle="round"))
-    t = f"{temperature or 1:g}"
-    cuts = " · ".join(f"{name} keeps {count:,}" for name, count in left.items()) or "no cut"
-    ax.set(xlabel=f"probability at T = {t}   ({cuts})", title=title or f"{int(kept.sum())} of {len(kept)} tokens kept")
-    bars = f"bars: probability at T = {t}" + (", before the cuts (grey: cut)" if left else "") + "; value at right"
+    temp = f"{temperature or 1:g}"
+    cuts = (" · ".join(t("viz.sampling.keeps", cut=name, count=f"{count:,}") for name, count in left.items())
+            or t("viz.sampling.no_cut"))
+    ax.set(xlabel=t("viz.sampling.prob_at", temperature=temp, cuts=cuts),
+           title=title or t("viz.sampling.kept_of", kept=int(kept.sum()), total=len(kept)))
+    bars = (t("viz.sampling.legend_bars_cut", temperature=temp) if left
+            else t("viz.sampling.legend_bars", temperature=temp))
     if top_k and top_p and temperature:     # top-p adds up top-k's survivors renormalized: p of their mass
-        total = "line: running total of the bars (top-p cuts where it reaches p × the mass top-k kept)"
+        total = t("viz.sampling.legend_total_top_k_p")
     else:
-        total = "line: running total of the bars" + (" (top-p cuts where it reaches p)" if top_p else "")
+        total = t("viz.sampling.legend_total_top_p") if top_p else t("viz.sampling.legend_total")
     for legend_text, text in zip(ax.get_legend().get_texts(), (bars, total)):
         legend_text.set_text(text)
 
@@ -116,8 +120,8 @@ def _surgery(axes, logits: Tensor, tokenizer, n: int) -> None:
     for k, ax in enumerate(axes):
         token_bars(ax, names, np.zeros(len(ids)), KEPT)
         for y in range(len(ids)):
-            ax.text(0, y, " ✂ cut", va="center", fontsize=8, color="#888", visible=False)
-        ax.set_xlabel("logit" if k < 2 else "probability", fontsize=8)
+            ax.text(0, y, t("viz.sampling.cut"), va="center", fontsize=8, color="#888", visible=False)
+        ax.set_xlabel("logit" if k < 2 else t("viz.sampling.probability"), fontsize=8)
         ax.tick_params(labelsize=8)
         if k:
             ax.set_yticklabels([])
@@ -144,8 +148,8 @@ def _set_surgery(axes, logits: Tensor, temperature: float, top_k, top_p) -> None
             ax.set_xlim(lo - 0.2 * (hi - lo) * (lo < 0), hi + 0.2 * (hi - lo) * (hi > 0))
         else:                             # one scale for the three probability stages, room for the values
             ax.set_xlim(0, top_prob * 1.35)
-        ax.set_title(f"{step.name}\nkept {step.kept} · removed {step.removed_mass:.1%}\n"
-                     f"entropy {step.entropy:.2f} nats", fontsize=9)
+        ax.set_title(t("viz.sampling.stage", stage=step.name, kept=step.kept, removed=f"{step.removed_mass:.1%}",
+                       entropy=f"{step.entropy:.2f}"), fontsize=9)
 
 
 def surgery_plot(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,
@@ -186,19 +190,18 @@ def sample_histogram(logits: Tensor, tokenizer, n_samples: int = 1000, temperatu
     draws = torch.multinomial(theory, n_samples, replacement=True, generator=torch.Generator().manual_seed(seed))
     freq = torch.bincount(draws, minlength=len(logits)).float() / n_samples
     ids = theory.topk(min(n, len(theory))).indices
-    names = labels(tokenizer, ids) + ["(others)"]
+    names = labels(tokenizer, ids) + [t("viz.sampling.others")]
     shown_freq = np.append(freq[ids].numpy(), 1 - freq[ids].sum().item())
     shown_theory = np.append(theory[ids].numpy(), max(0.0, 1 - theory[ids].sum().item()))
     fig = new_figure(7, 1.4 + 0.3 * len(names))
     ax = fig.subplots()
     token_bars(ax, names, shown_freq, [KEPT] * len(ids) + [REMOVED])
     ax.scatter(shown_theory, range(len(names)), marker="|", s=250, linewidths=2, color=CHOSEN, zorder=3,
-               label="probability (probs_after)")
+               label=t("viz.sampling.probs_after"))
     for text, x in zip(ax.texts, np.maximum(shown_freq, shown_theory)):
         text.set_x(x)                                         # past the red tick too, so it never crosses a value
     settings = _settings(temperature, top_k, top_p, min_p)
-    ax.set(xlabel="share of draws", title=f"{n_samples} draws (seed {seed}, {settings})")
+    ax.set(xlabel=t("viz.sampling.share"), title=t("viz.sampling.draws", n=n_samples, seed=seed, settings=settings))
     _legend_below(ax, [ax.containers[0], ax.collections[0]],
-                  ["bars: share of the draws (grey: all other tokens together)",
-                   "red tick: probability after the cuts (probs_after)"])
+                  [t("viz.sampling.legend_share"), t("viz.sampling.legend_tick")])
     return fig

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from matplotlib.figure import Figure
 
+from ..i18n import t
 from ._draw import CHIP_COLORS, Chip, chip_figure, show_piece
 
 
@@ -22,7 +23,7 @@ def token_chips_compare(text: str, tokenizers: dict, chat: bool = False) -> Figu
     rows = []
     for name, tokenizer in tokenizers.items():
         ids = tokenizer.encode(text, chat=chat)
-        rows.append((f"{name}\n{len(ids)} tokens", chips(tokenizer, ids)))
+        rows.append((t("viz.tokens.row", name=name, n=len(ids)), chips(tokenizer, ids)))
     return chip_figure(rows)
 
 

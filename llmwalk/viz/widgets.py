@@ -7,19 +7,23 @@ import io
 import re
 import time
 import warnings
+from dataclasses import replace
 from typing import Callable
 
 import ipywidgets as W
 import torch
 from IPython.display import display
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from PIL import Image
 from torch import Tensor
 
 from ..cost import decode_step_flops
-from ..generation import Step
-from ..sampling import probs_after, sample
+from ..generation import Step, prepare
+from ..i18n import t
+from ..sampling import Sampler
 from ..walk import forward
-from .attention import attention_heatmap
+from .attention import attention_heatmap, update_attention_heatmap
 from .cost import flops_bars
 from .embedding import similarity_matrix
 from .generation import generation_table
@@ -30,12 +34,44 @@ from .tokens import token_chips_compare
 
 def png(fig: Figure, crop: bool = True) -> bytes:
     """The figure as PNG bytes, cropped as a notebook shows it (crop=False: the figure's own size, one draw)."""
-    buf = io.BytesIO()
     if crop:                     # the crop measures every artist first: a second pass over the figure
+        buf = io.BytesIO()
         fig.savefig(buf, format="png", bbox_inches="tight")
-    else:                        # a figure that redraws on every slider move: one pass, fast compression
-        fig.savefig(buf, format="png", pil_kwargs={"compress_level": 1})
+        return buf.getvalue()
+    canvas = _canvas(fig)        # savefig would lay a kept layout out once more before drawing
+    canvas.draw()
+    return _encode(canvas)
+
+
+def _canvas(fig: Figure) -> FigureCanvasAgg:
+    """The figure's Agg canvas, made once: its renderer (and a background copied from it) lives as long."""
+    return fig.canvas if isinstance(fig.canvas, FigureCanvasAgg) else FigureCanvasAgg(fig)
+
+
+def _encode(canvas: FigureCanvasAgg) -> bytes:
+    """The pixels the canvas holds as PNG bytes, fast compression (a figure that redraws on every move)."""
+    buf = io.BytesIO()
+    Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba()).save(buf, format="png",
+                                                                                   compress_level=1)
     return buf.getvalue()
+
+
+def _blit(fig: Figure, artists: list, background=None) -> tuple[bytes, object]:
+    """PNG bytes of `fig` with only `artists` drawn anew over `background` (the pixels of everything else, copied
+    at the first call: ticks, labels, colorbar are drawn once). Returns the PNG and the background to pass next."""
+    canvas = _canvas(fig)
+    if background is None:
+        for a in artists:
+            a.set_animated(True)                 # left out of this one full draw ...
+        canvas.draw()
+        background = canvas.copy_from_bbox(fig.bbox)
+        for a in artists:
+            a.set_animated(False)                # ... and back in any later full draw (savefig, a test)
+    else:
+        canvas.restore_region(background)
+    for a in artists:
+        fig.draw_artist(a)
+    return _encode(canvas), background
 
 
 class PlotWidget:
@@ -44,18 +80,23 @@ class PlotWidget:
     With `update`, the figure is built once by plot(**values) and every later change calls update(figure,
     **values), which sets the existing artists (bar lengths, image data, texts) instead of building a new figure,
     and renders one PNG pass. With fixed_layout, the layout computed at the first draw is kept too (for updates
-    that change no tick label's length).
+    that change no tick label's length). With blit (and fixed_layout), update returns the artists it changed and
+    only they are drawn anew, over the pixels of the rest drawn once (a 150-token heatmap's tick labels cost more
+    than its image).
     A ValueError from the plot (input it cannot draw) is shown as a message instead of a figure: `figure` is then
     None and `error` holds the message.
     """
 
     def __init__(self, plot: Callable[..., Figure], controls: dict[str, W.Widget], below: tuple[W.Widget, ...] = (),
-                 update: Callable[..., None] | None = None, fixed_layout: bool = False):
-        self.plot, self.update, self.fixed_layout, self.controls = plot, update, fixed_layout, controls
+                 update: Callable[..., None] | None = None, fixed_layout: bool = False, blit: bool = False):
+        if blit and not (update and fixed_layout):
+            raise ValueError("blit redraws some artists over a fixed picture: pass update and fixed_layout=True too")
+        self.plot, self.update, self.fixed_layout, self.blit, self.controls = plot, update, fixed_layout, blit, controls
         self.output = W.Output()
         self.figure: Figure | None = None
         self.error: str | None = None
         self._holding = False
+        self._background = None                  # blit: the pixels of what updates leave alone
         for control in self._value_controls().values():
             control.observe(self.redraw, names="value")
             if hasattr(control.style, "description_width"):
@@ -87,14 +128,18 @@ class PlotWidget:
         if self._holding:
             return
         try:
+            changed = None
             if self.update is not None and self.figure is not None:
-                self.update(self.figure, **self.values)
+                changed = self.update(self.figure, **self.values)
             else:
-                self.figure = self.plot(**self.values)
+                self.figure, self._background = self.plot(**self.values), None
             self.error = None
             with warnings.catch_warnings():           # typed text in a script no font has: boxes, not a warning
                 warnings.filterwarnings("ignore", "Glyph .* missing from font")
-                image = png(self.figure, crop=self.update is None)
+                if self.blit and changed is not None:
+                    image, self._background = _blit(self.figure, changed, self._background)
+                else:
+                    image = png(self.figure, crop=self.update is None)
             if self.fixed_layout:
                 self.figure.set_layout_engine("none")     # laid out once at the first draw: keep those positions
         except ValueError as e:               # bad input: say what to change, no traceback
@@ -120,32 +165,38 @@ def sampling_widget(logits: Tensor, tokenizer, n: int = 10) -> PlotWidget:
     def settings(temperature, top_k, top_p, min_p) -> tuple:
         return temperature, top_k or None, top_p if top_p < 1 else None, min_p or None
     return PlotWidget(lambda **v: sampling_panel(logits, tokenizer, *settings(**v), n), {
-        "temperature": _slider(1.0, 0.05, 2.0, 0.05, "temperature"),
-        "top_k": W.IntSlider(value=0, min=0, max=50, description="top-k (0 off)", continuous_update=False),
-        "top_p": _slider(1.0, 0.05, 1.0, 0.01, "top-p (1 off)"),
-        "min_p": _slider(0.0, 0.0, 0.5, 0.01, "min-p (0 off)")},
+        "temperature": _slider(1.0, 0.05, 2.0, 0.05, t("viz.widgets.temperature")),
+        "top_k": W.IntSlider(value=0, min=0, max=50, description=t("viz.widgets.top_k"), continuous_update=False),
+        "top_p": _slider(1.0, 0.05, 1.0, 0.01, t("viz.widgets.top_p")),
+        "min_p": _slider(0.0, 0.0, 0.5, 0.01, t("viz.widgets.min_p"))},
         update=lambda fig, **v: update_sampling_panel(fig, logits, tokenizer, *settings(**v)), fixed_layout=True)
 
 
 def attention_widget(trace, tokenizer) -> PlotWidget:
-    """Layer and head sliders bound to attention_heatmap."""
+    """Layer and head sliders bound to attention_heatmap, redrawn in place (image data and title)."""
     n_layer, n_head = len(trace.layers), trace.layers[0].attn.weights.shape[0]
     return PlotWidget(lambda layer, head: attention_heatmap(trace, tokenizer, layer, head), {
-        "layer": W.IntSlider(value=0, min=0, max=n_layer - 1, description="layer", continuous_update=False),
-        "head": W.IntSlider(value=0, min=0, max=n_head - 1, description="head", continuous_update=False)})
+        "layer": W.IntSlider(value=0, min=0, max=n_layer - 1, description=t("viz.widgets.layer"),
+                             continuous_update=False),
+        "head": W.IntSlider(value=0, min=0, max=n_head - 1, description=t("viz.widgets.head"),
+                            continuous_update=False)},
+        update=lambda fig, layer, head: update_attention_heatmap(fig, trace, layer, head), fixed_layout=True,
+        blit=True)
 
 
 def logit_lens_widget(trace, model, k: int = 5) -> PlotWidget:
     """A position slider bound to logit_lens_top."""
-    t = len(trace.ids)
+    n = len(trace.ids)
     return PlotWidget(lambda position: logit_lens_top(trace, model, position, k), {
-        "position": W.IntSlider(value=t - 1, min=0, max=t - 1, description="position", continuous_update=False)})
+        "position": W.IntSlider(value=n - 1, min=0, max=n - 1, description=t("viz.widgets.position"),
+                                continuous_update=False)})
 
 
 def token_chips_widget(tokenizers: dict, text: str = "法国的首都是什么") -> PlotWidget:
     """A text box bound to token_chips_compare."""
     return PlotWidget(lambda text: token_chips_compare(text, tokenizers), {
-        "text": W.Text(value=text, description="text", continuous_update=False, layout=W.Layout(width="60%"))})
+        "text": W.Text(value=text, description=t("viz.widgets.text"), continuous_update=False,
+                       layout=W.Layout(width="60%"))})
 
 
 def _words(text: str, space: bool) -> list[str]:
@@ -159,9 +210,8 @@ def _one_token(tokenizer, word: str) -> int:
     try:
         return tokenizer.token_id(word)
     except ValueError as e:
-        raise ValueError(f"{e}. The table has one row per token: remove the word or type one that is one token"
-                         + (", or untick 'leading space' (a word that starts a text, and Chinese, usually has none)"
-                            if word.startswith(" ") else "")) from None
+        raise ValueError(t("viz.widgets.one_token_space", error=e) if word.startswith(" ")
+                         else t("viz.widgets.one_token", error=e)) from None
 
 
 def _label(word: str) -> str:
@@ -179,14 +229,15 @@ def similarity_widget(model, words: str = "Paris, London, France, Germany, king,
     def plot(words, space):
         chosen = _words(words, space)
         if len(chosen) < 2:
-            raise ValueError("type at least two words, separated by commas (e.g. Paris, London, dog)")
+            raise ValueError(t("viz.widgets.two_words"))
         if len(chosen) > max_words:
-            raise ValueError(f"{len(chosen)} words: type at most {max_words}")
+            raise ValueError(t("viz.widgets.too_many_words", n=len(chosen), most=max_words))
         rows = [_one_token(model.tokenizer, w) for w in chosen]
         return similarity_matrix(model.weights.token_embd[rows], [_label(w) for w in chosen])
     return PlotWidget(plot, {
-        "words": W.Text(value=words, description="words", continuous_update=False, layout=W.Layout(width="60%")),
-        "space": W.Checkbox(value=space, description="leading space", indent=False)})
+        "words": W.Text(value=words, description=t("viz.widgets.words"), continuous_update=False,
+                        layout=W.Layout(width="60%")),
+        "space": W.Checkbox(value=space, description=t("viz.widgets.leading_space"), indent=False)})
 
 
 def next_token_widget(model, prompt: str = "The capital of France is", n: int = 10, chat: bool = False) -> PlotWidget:
@@ -200,17 +251,18 @@ def next_token_widget(model, prompt: str = "The capital of France is", n: int = 
         if (prompt, chat) not in last:
             ids = model.tokenizer.encode(prompt, chat=chat)
             if not ids:
-                raise ValueError("the prompt is empty: type some text, the model predicts the token after it")
+                raise ValueError(t("viz.widgets.empty_prompt"))
             last.clear()
             last[prompt, chat] = forward(model, ids, record=False, last_only=True).logits[-1]
         shown = _label(prompt if len(prompt) <= 50 else "…" + prompt[-49:])
         return prob_bars(last[prompt, chat], model.tokenizer, n=n,
-                         title=f"after {shown}" + (" (chat template)" if chat else ""))
-    controls = {"prompt": W.Text(value=prompt, description="prompt", continuous_update=False,
+                         title=t("viz.widgets.after_chat", prompt=shown) if chat
+                         else t("viz.widgets.after", prompt=shown))
+    controls = {"prompt": W.Text(value=prompt, description=t("viz.widgets.prompt"), continuous_update=False,
                                  layout=W.Layout(width="60%")),
-                "n": W.IntSlider(value=n, min=1, max=30, description="bars", continuous_update=False)}
+                "n": W.IntSlider(value=n, min=1, max=30, description=t("viz.widgets.bars"), continuous_update=False)}
     if model.tokenizer.chat_template is not None:
-        controls["chat"] = W.Checkbox(value=chat, description="chat template", indent=False)
+        controls["chat"] = W.Checkbox(value=chat, description=t("viz.widgets.chat_template"), indent=False)
     return PlotWidget(plot, controls)
 
 
@@ -221,26 +273,34 @@ def cost_widget(configs: dict, context: int = 9, max_context: int = 4096) -> Plo
     """
     def plot(name, context, kv_cache):
         stages = decode_step_flops(configs[name], context, kv_cache=kv_cache)
-        return flops_bars(stages, f"{name}, one token at context {context}, " + ("KV cache" if kv_cache else "no cache"))
+        return flops_bars(stages, t("viz.cost.widget_title", name=name, context=context) if kv_cache
+                          else t("viz.cost.widget_title_no_cache", name=name, context=context))
     return PlotWidget(plot, {
-        "name": W.Dropdown(options=list(configs), description="model"),
-        "context": W.IntSlider(value=context, min=1, max=max_context, description="context length",
+        "name": W.Dropdown(options=list(configs), description=t("viz.widgets.model")),
+        "context": W.IntSlider(value=context, min=1, max=max_context, description=t("viz.widgets.context_length"),
                                continuous_update=False),
-        "kv_cache": W.Checkbox(value=True, description="KV cache", indent=False)})
+        "kv_cache": W.Checkbox(value=True, description=t("viz.widgets.kv_cache"), indent=False)})
 
 
 class GenerationWidget(PlotWidget):
-    """Generate one token per click of 'next token': the bars show the distribution the next click draws from."""
+    """Generate one token per click of 'next token': the bars show the distribution the next click draws from.
 
-    def __init__(self, model, prompt: str, chat: bool = False, temperature: float = 0.7, seed: int = 0, n: int = 10):
-        self.model, self.n = model, n
-        self.prompt_ids = model.tokenizer.encode(prompt, chat=chat)
-        self.eos = model.eos_ids
+    Each click is one round of generation's own loop (Loop.next_logits, then Loop.choose with the slider's
+    temperature), without a KV cache: every round reruns the whole sequence, as the article's loop does.
+    """
+
+    def __init__(self, model, prompt: str, chat: bool = False, temperature: float = 0.7, seed: int = 0, n: int = 10,
+                 *, top_p: float | None = None):
+        self.model, self.n, self.top_p = model, n, top_p
+        self.loop = prepare(model, prompt, max_new_tokens=1, sampler=Sampler(temperature, top_p=top_p), seed=seed,
+                            kv_cache=False, chat=chat, top_n=0)        # every setting checked before any widget
+        self.prompt_ids = self.loop.prompt_ids
+        self.eos = self.loop.eos_ids
         self.table = W.HTML()
-        controls = {"temperature": _slider(temperature, 0.0, 2.0, 0.05, "temperature"),
-                    "seed": W.IntText(value=seed, description="seed"),
-                    "next": W.Button(description="next token", button_style="primary"),
-                    "reset": W.Button(description="reset")}
+        controls = {"temperature": _slider(temperature, 0.0, 2.0, 0.05, t("viz.widgets.temperature")),
+                    "seed": W.IntText(value=seed, description=t("viz.widgets.seed")),
+                    "next": W.Button(description=t("viz.widgets.next_token"), button_style="primary"),
+                    "reset": W.Button(description=t("viz.widgets.reset"))}
         controls["seed"].observe(self._restart, names="value")      # before redraw: a new seed starts over
         controls["next"].on_click(lambda _: self.next())
         controls["reset"].on_click(lambda _: self.reset())
@@ -262,20 +322,18 @@ class GenerationWidget(PlotWidget):
         self.logits, self.seconds = self.prompt_run
 
     def _run(self) -> tuple[Tensor, float]:
-        """The model on the sequence so far: the next token's logits, and the seconds it took.  # -> [vocab]"""
+        """The loop's model pass on the sequence so far: the next token's logits, and the seconds it took.  # [vocab]"""
         tic = time.perf_counter()
-        return forward(self.model, self.ids, record=False, last_only=True).logits[0], time.perf_counter() - tic
+        return self.loop.next_logits(self.ids)[1], time.perf_counter() - tic
 
     def next(self) -> None:
-        """Draw the next token (seeded), append it, redraw."""
+        """Draw the next token (seeded) with the slider's temperature, append it, redraw."""
         if self.steps and self.steps[-1].token_id in self.eos:
             return
-        tic, t = time.perf_counter(), self.controls["temperature"].value
-        token = int(sample(self.logits, t, generator=self.generator))
-        prob = float(probs_after(self.logits, t)[token])
-        n = len(self.ids)                         # no KV cache: every round runs the whole sequence
-        self.steps.append(Step(len(self.steps) + 1, n, n, token, self.model.tokenizer.pieces([token])[0], prob, (),
-                               self.seconds + time.perf_counter() - tic))
+        sampler = Sampler(self.controls["temperature"].value, top_p=self.top_p)
+        loop = replace(self.loop, sampler=sampler, generator=self.generator)
+        started = time.perf_counter() - self.seconds                # the round began with its model pass
+        self.steps.append(loop.choose(len(self.steps) + 1, self.ids, len(self.ids), self.logits, started))
         self.logits, self.seconds = self._run()
         self.redraw()
 
@@ -290,12 +348,13 @@ class GenerationWidget(PlotWidget):
         self.controls["next"].disabled = bool(self.steps) and self.steps[-1].token_id in self.eos
         title = "…" + self.model.tokenizer.decode(self.ids)[-60:].replace("\n", "↵")
         if figure is None:
-            return prob_bars(self.logits, self.model.tokenizer, temperature, n=self.n, title=title)
-        update_prob_bars(figure, self.logits, self.model.tokenizer, temperature, title=title)
+            return prob_bars(self.logits, self.model.tokenizer, temperature, top_p=self.top_p, n=self.n, title=title)
+        update_prob_bars(figure, self.logits, self.model.tokenizer, temperature, top_p=self.top_p, title=title)
         return figure
 
 
 def generation_widget(model, prompt: str, chat: bool = False, temperature: float = 0.7, seed: int = 0,
-                      n: int = 10) -> GenerationWidget:
-    """Step-through generation: 'next token' draws one token (seeded) and redraws the next distribution."""
-    return GenerationWidget(model, prompt, chat, temperature, seed, n)
+                      n: int = 10, *, top_p: float | None = None) -> GenerationWidget:
+    """Step-through generation: 'next token' draws one token (seeded, top-p cut if given) and redraws the next
+    distribution."""
+    return GenerationWidget(model, prompt, chat, temperature, seed, n, top_p=top_p)
