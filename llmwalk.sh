@@ -55,10 +55,15 @@ case "${1:-}" in
     say "running the tests"
     shift
     nbval=(--nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg)
+    # Two pytest workers, one torch thread each, keep both cores busy: much of the suite is single-threaded Python
+    # (plots, tokenizers, notebook kernels), and two workers with two threads each would fight for the cores.
+    # Each file (a notebook, a test module) stays on one worker. LLMWALK_WORKERS=0 runs everything in one process.
+    parallel=(-n "${LLMWALK_WORKERS:-2}" --dist loadfile)
     status=0
-    "$VENV/bin/python" -m pytest tests notebooks "${nbval[@]}" "$@" || status=$?
+    OMP_NUM_THREADS=1 "$VENV/bin/python" -m pytest tests notebooks "${nbval[@]}" "${parallel[@]}" "$@" || status=$?
     # The stored outputs must hold on every CPU, not only on the one that recorded them. torch's results change
-    # with the SIMD kernels it picks and the number of threads that split a sum, so the notebooks run once more with
+    # with the SIMD kernels it picks and the number of threads that split a sum: the notebooks were recorded with two
+    # threads, the pass above reads them with this CPU's kernels and one thread, and they run once more with
     # torch's portable kernels and one thread: a configuration no real machine runs natively (LLMWALK_OTHER_CPU=0
     # skips this pass while you work on one test). The Chinese edition (notebooks/zh/) is left out of this pass: its
     # code cells equal the English ones (tests/test_editions.py proves it) and its printed numbers are the same
@@ -66,7 +71,7 @@ case "${1:-}" in
     if [ "${LLMWALK_OTHER_CPU:-1}" != 0 ]; then
       say "the notebooks again as another CPU computes them (ATEN_CPU_CAPABILITY=default, 1 thread)"
       ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1 \
-        "$VENV/bin/python" -m pytest notebooks --ignore=notebooks/zh "${nbval[@]}" "$@" || status=$?
+        "$VENV/bin/python" -m pytest notebooks --ignore=notebooks/zh "${nbval[@]}" "${parallel[@]}" "$@" || status=$?
     fi
     exit $status ;;
   setup)

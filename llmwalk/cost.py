@@ -99,7 +99,8 @@ def embedding_lookups(config: Config, tokens: int) -> int:
 
 
 def flops_by_stage(config: Config, tokens: int, cached: int = 0, last_only: bool = False) -> dict[str, int]:
-    """FLOPs of one `forward` over `tokens` new positions with `cached` positions in the KV cache, by stage.
+    """FLOPs of one `forward` over `tokens` new positions with `cached` positions in the KV cache, by stage, in
+    the order the stages run (the bars of viz.flops_bars read top to bottom).
 
     Summed over all layers. Each query scores all S = cached + tokens keys: llmwalk computes the full
     [T, S] score matrix and masks the future afterwards (a causal kernel would skip about half of it at prefill).
@@ -110,11 +111,12 @@ def flops_by_stage(config: Config, tokens: int, cached: int = 0, last_only: bool
     out = 1 if last_only else tokens
     norm_elems = (L * (4 if c.sandwich_norm else 2) * tokens * c.d_model + out * c.d_model
                   + (L * (c.n_head + c.n_kv_head) * tokens * c.d_head if c.qk_norm else 0))
-    return {"embedding": 0,
-            **{name: 2 * L * tokens * d_in * d_out for name, (d_in, d_out) in block_matrices(c).items()},
-            "attn_scores": heads, "attn_mix": heads,
-            "norms": NORM_FLOPS[c.norm] * norm_elems,
-            "lm_head": 2 * out * c.d_model * c.vocab_size}
+    stages = {"embedding": 0}
+    for name, (d_in, d_out) in block_matrices(c).items():
+        if name == "attn_output":                                # scores and mixing run before the output projection
+            stages.update(attn_scores=heads, attn_mix=heads)
+        stages[name] = 2 * L * tokens * d_in * d_out
+    return {**stages, "norms": NORM_FLOPS[c.norm] * norm_elems, "lm_head": 2 * out * c.d_model * c.vocab_size}
 
 
 def matmul_flops(stages: dict[str, int]) -> int:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import torch
 from torch import Tensor
 
+from .i18n import t
 from .walk import Trace, forward
 
 if TYPE_CHECKING:
@@ -95,8 +96,11 @@ def next_token_probs(model: "Model", ids: Sequence[int] | Tensor, tokens: Sequen
 
 def effects(model: "Model", ids: Sequence[int] | Tensor, tokens: Sequence[int],
             interventions: dict[str, Hooks]) -> dict[str, Tensor]:
-    """P(tokens) with no intervention ("none") and under each named intervention.  # -> {name: [len(tokens)]}"""
-    return {"none": next_token_probs(model, ids, tokens)} | {
+    """P(tokens) with no intervention (first, named in the current language) and under each named intervention.
+
+    # -> {name: [len(tokens)]}
+    """
+    return {t("viz.layers.no_intervention"): next_token_probs(model, ids, tokens)} | {
         name: next_token_probs(model, ids, tokens, hooks) for name, hooks in interventions.items()}
 
 

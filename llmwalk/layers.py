@@ -168,11 +168,15 @@ def attention_fast(x: Tensor, block: Block, config: Config, mask: Tensor | None,
     which at long prompts costs more time than the rest of attention. mask=None: the plain causal mask over
     S = T positions, which the kernel applies itself without building it.  # [T, d_model] -> [T, d_model]
     """
-    if x.shape[0] == 1:   # one new token (decoding): the plain path is as fast, and reads the cache without a copy
+    decoding = x.shape[0] == 1
+    if decoding and not SDPA_GQA:       # an older torch: the plain path reads the cache without a copy
         return attention(x, block, config, mask, rope, cache, hook)
-    q, k, v = project_qkv(x, block, config, rope)
+    q, k, v = project_qkv(x, block, config)
+    q, k = rope_together(q, k, rope)
     if cache is not None:
         k, v = cache.update(k, v)                                # (nkv, S, hs)
+    if decoding:
+        return _attend_one(q, k, v, mask, block, config, hook)
     # torch's CPU flash kernel takes only 4-D [batch, head, T, d_head] inputs with as many key heads as query heads;
     # anything else falls back to a plain implementation that stores the scores (several times slower). So each key
     # head is copied for the query heads of its group (GQA), which also makes k/v contiguous.
@@ -180,6 +184,41 @@ def attention_fast(x: Tensor, block: Block, config: Config, mask: Tensor | None,
     k_all, v_all = (a.repeat_interleave(group, dim=0)[None] for a in (k, v))   # (1, nh, S, hs)
     z = F.scaled_dot_product_attention(q[None], k_all, v_all, attn_mask=mask, is_causal=mask is None,
                                        scale=config.scale)[0]                  # (nh, T, hs)
+    if hook is not None:
+        z = hook("attn.z", z)
+    return AttentionOut(linear(merge_heads(z), block.attn_output), None, q, k, v, z)
+
+
+def rope_together(q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+    """apply_rope to q and to k as one tensor (the same angles rotate both): half the small operations, which
+    is what a decoding step of one token pays for.  # ([n_head, T, d_head], [n_kv_head, T, d_head]) -> same"""
+    if rope is None:
+        return q, k
+    qk = apply_rope(torch.cat([q, k]), *rope)                   # (nh + nkv, T, hs)
+    return qk[:q.shape[0]], qk[q.shape[0]:]
+
+
+def norm_fast(x: Tensor, w: Norm, config: Config) -> Tensor:
+    """`norm` with RMSNorm in torch's one fused operation (F.rms_norm) for float32 activations, where it computes
+    the same numbers as rms_norm's six; other dtypes and LayerNorm take `norm`.  # [T, d] -> [T, d]"""
+    if config.norm == "layernorm" or x.dtype != torch.float32:
+        return norm(x, w, config)
+    return F.rms_norm(x, x.shape[-1:], w.weight, config.norm_eps)
+
+
+# torch >= 2.5's scaled_dot_product_attention reads one key head for a group of query heads itself (enable_gqa).
+SDPA_GQA = tuple(int(n) for n in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+def _attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, block: Block, config: Config,
+                hook: Hook | None) -> AttentionOut:
+    """attention_fast for one new token (decoding): one fused kernel over the cache instead of the ~8 small
+    operations of the plain path (scores, scale, mask, softmax, mix), reading the cached keys in place (enable_gqa:
+    no copy per query head). The one query is the last position, so it sees every key: no causal mask (is_causal
+    would align it with key 0); `mask` [1, S] only for a sliding window.  # q [n_head, 1, d_head] -> out [1, d_model]
+    """
+    z = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=config.scale,
+                                       enable_gqa=True)[0]                       # (nh, 1, hs)
     if hook is not None:
         z = hook("attn.z", z)
     return AttentionOut(linear(merge_heads(z), block.attn_output), None, q, k, v, z)
@@ -216,17 +255,18 @@ def block_forward(x: Tensor, block: Block, config: Config, mask: Tensor,
 
     `hook(point, activation)` may replace what flows at each hook point: "resid_pre", "attn.z", "attn_out" (what
     attention adds to the stream), "ffn_out" (what the FFN adds) and "resid_post" (interventions.py).
-    fast=True: attention_fast, for passes that keep no attention weights.
+    fast=True: attention_fast and norm_fast, for passes that keep no attention weights.
     """
     hook = hook or (lambda name, a: a)
+    norm_ = norm_fast if fast else norm
     x = hook("resid_pre", x)
-    attn_in = norm(x, block.attn_norm, config)
+    attn_in = norm_(x, block.attn_norm, config)
     a = (attention_fast if fast else attention)(attn_in, block, config, mask, rope, cache, hook)
-    attn_out = a.out if block.post_attention_norm is None else norm(a.out, block.post_attention_norm, config)
+    attn_out = a.out if block.post_attention_norm is None else norm_(a.out, block.post_attention_norm, config)
     resid_mid = x + hook("attn_out", attn_out)
-    ffn_in = norm(resid_mid, block.ffn_norm, config)
+    ffn_in = norm_(resid_mid, block.ffn_norm, config)
     f_out, hidden = ffn(ffn_in, block, config)
     if block.post_ffw_norm is not None:
-        f_out = norm(f_out, block.post_ffw_norm, config)
+        f_out = norm_(f_out, block.post_ffw_norm, config)
     f_out = hook("ffn_out", f_out)
     return BlockOut(attn_in, a, resid_mid, ffn_in, hidden, f_out, hook("resid_post", resid_mid + f_out))

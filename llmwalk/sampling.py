@@ -176,7 +176,7 @@ def sample(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, t
 class SurgeryStep:
     """One stage of the sampling pipeline, ready to plot."""
 
-    name: str
+    name: str               # logits, scaled, softmax, top_k, top_p (a figure names it in the learner's language)
     logits: Tensor          # [vocab], -inf where removed
     probs: Tensor           # [vocab], softmax of `logits` (renormalized over the kept tokens)
     removed_mass: float     # mass of the ÷T distribution cut so far
@@ -187,7 +187,7 @@ class SurgeryStep:
 def surgery(
     logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
 ) -> list[SurgeryStep]:
-    """The stages logits, ÷T, softmax, top-k, top-p (renormalized).  # [vocab] -> 5 steps"""
+    """The stages logits, ÷T ("scaled"), softmax, top-k, top-p (renormalized).  # [vocab] -> 5 steps"""
     Sampler(temperature, top_k, top_p)      # every setting checked before any work
     scaled = Sampler(temperature).filter(logits)
     logits = _checked(logits)
@@ -205,5 +205,5 @@ def surgery(
         return SurgeryStep(name, stage, probs, float(removed), float(torch.special.entr(probs).sum()),
                            int(stage.isfinite().sum()))
 
-    return [step("logits", logits), step("÷T", scaled), step("softmax", scaled),
-            step("top-k", cut_k), step("top-p (renormalized)", cut_p)]
+    return [step("logits", logits), step("scaled", scaled), step("softmax", scaled),
+            step("top_k", cut_k), step("top_p", cut_p)]

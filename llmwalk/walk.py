@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from . import i18n
 from .embedding import position_embedding, rope_angles, token_embedding
 from .head import lm_head, softmax
 from .kv_cache import KVCache
@@ -156,8 +157,10 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     if config.position == "rope":
         for theta in {config.theta(i) for i in range(config.n_layer)}:
             ropes[theta] = rope_angles(positions, config.d_head, theta)
-    # A pass that records nothing runs attention_fast, whose kernel applies the plain causal mask itself (None).
-    masks = {win: None if not record and start == 0 and (win is None or win >= t) else causal_mask(t, start + t, win)
+    # A pass that records nothing runs attention_fast, which needs no mask (None) for a whole prompt (its kernel
+    # applies the plain causal mask itself) or for one new token (it sees every position), unless a window cuts.
+    plain = not record and (start == 0 or t == 1)
+    masks = {win: None if plain and (win is None or win >= start + t) else causal_mask(t, start + t, win)
              for win in {config.window(i) for i in range(config.n_layer)}}
     seconds["embedding"] = time.perf_counter() - tic
 
@@ -210,20 +213,25 @@ class Journey:
     answer: Generation          # the greedy answer, token by token (with a KV cache)
     seconds: dict[str, float]   # wall time per stage of the first token, in the order they happen
 
+    STAGES = ("tokenize", "embedding", "layers", "final norm", "lm head", "softmax", "pick a token")
+    """The rows of stages(), by their keys in `seconds` ("layers": every "layer i" together)."""
+
     def stages(self) -> list[tuple[str, str, float]]:
-        """(stage, shape of what it produced, seconds) for the first token: the article's pipeline.
+        """(stage, shape of what it produced, seconds) for the first token: the article's pipeline, one row per
+        STAGES, named in the current language (lw.set_language).
 
         The layers run every position; the final norm and the LM head only the last one, all the next token needs.
         """
-        c, t = self.trace.final.shape[-1], len(self.ids)
-        layers = sum(v for k, v in self.seconds.items() if k.startswith("layer "))
-        return [("tokenize", f"text → {t} ids", self.seconds["tokenize"]),
-                ("embedding", f"[{t}] → [{t}, {c}]", self.seconds["embedding"]),
-                (f"{len(self.trace.layers)} × (attention + FFN)", f"[{t}, {c}] → [{t}, {c}]", layers),
-                ("final norm, last position", f"[{c}] → [{c}]", self.seconds["final norm"]),
-                ("LM head, last position", f"[{c}] → [{self.probs.numel()}] logits", self.seconds["lm head"]),
-                ("softmax", f"[{self.probs.numel()}] probabilities", self.seconds["softmax"]),
-                ("pick a token", "1 id", self.seconds["pick a token"])]
+        c, n, vocab = self.trace.final.shape[-1], len(self.ids), self.probs.numel()
+        seconds = {**self.seconds, "layers": sum(v for k, v in self.seconds.items() if k.startswith("layer "))}
+        rows = {"tokenize": (i18n.t("walk.journey.tokenize"), i18n.t("walk.journey.text_ids", n=n)),
+                "embedding": (i18n.t("walk.journey.embedding"), f"[{n}] → [{n}, {c}]"),
+                "layers": (i18n.t("walk.journey.layers", n_layer=len(self.trace.layers)), f"[{n}, {c}] → [{n}, {c}]"),
+                "final norm": (i18n.t("walk.journey.final_norm"), f"[{c}] → [{c}]"),
+                "lm head": (i18n.t("walk.journey.lm_head"), i18n.t("walk.journey.logits", d=c, vocab=vocab)),
+                "softmax": (i18n.t("walk.journey.softmax"), i18n.t("walk.journey.probabilities", vocab=vocab)),
+                "pick a token": (i18n.t("walk.journey.pick"), i18n.t("walk.journey.one_id"))}
+        return [(*rows[key], seconds[key]) for key in self.STAGES]
 
 
 def journey(model: "Model", prompt: str, chat: bool = False, max_new_tokens: int = 20) -> Journey:

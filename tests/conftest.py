@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import llmwalk as lw
-from llmwalk.models import REGISTRY, cache_dir
+import oracle
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +30,12 @@ def gemma():
 
 
 def hf_from_gguf(name: str):
-    """transformers' own model loaded from the same GGUF file: the reference oracle."""
-    from transformers import AutoModelForCausalLM
-    path = REGISTRY[name].locate(cache_dir())
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    """transformers' own model loaded from the same GGUF file: the reference oracle.
+
+    Converted once per machine and kept under llmwalk's cache (tests/oracle.py: keyed to the GGUF file and
+    transformers' version, checked to reload identically, safe for concurrent pytest workers).
+    """
+    return oracle.hf_model(name)
 
 
 @pytest.fixture(scope="session")

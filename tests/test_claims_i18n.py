@@ -136,7 +136,8 @@ def test_chinese_layer_rows_count_layers_from_0(zh_rows, smollm2):
     path, L = row.numbers, smollm2.config.n_layer
     assert f"在第 0 层之后排第 {path['rank'][1]:,}" in row.measured
     assert f"在第 {L // 2} 层之后排第 {path['rank'][L // 2 + 1]:,}" in row.measured
-    assert f"自 第 {path['top1_from'] - 1} 层之后 起才一直排第一（第 0–{L - 1} 层" in row.measured
+    assert f"自第 {path['top10_from'] - 1} 层之后起一直在前 10，" in row.measured      # no space inside 自…起
+    assert f"自第 {path['top1_from'] - 1} 层之后起才一直排第一（第 0–{L - 1} 层" in row.measured
 
 
 def test_chinese_paris_row_shows_its_probabilities(zh_rows):

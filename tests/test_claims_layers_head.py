@@ -124,7 +124,7 @@ def test_logit_lens_ranks_match_transformers(smollm2, hf_smollm2, trace, layer_r
     row = layer_rows[4]
     # CONVENTIONS: layers count from 0 and lens index i + 1 is "after layer i": the 30th layer is layer 29
     assert f"rank {ref_rank[1]:,} after layer 0, {ref_rank[16]:,} after layer 15" in row.measured
-    assert f"top-1 only from after layer 29 on (layers 0–29; p = {torch.softmax(lens[-1], -1)[paris]:.3g})" in row.measured
+    assert f"top-1 only from after layer 29 on (layers 0–29; p = {torch.softmax(lens[-1], -1)[paris]:.2f})" in row.measured
     assert layers.lens_point(0) == "emb" and layers.lens_point(None) == "never"
     assert row.verdict == layers.refinement_verdict(path, 30) == ROUGHLY
 
@@ -191,7 +191,7 @@ def test_paris_probability_matches_transformers(smollm2, hf_smollm2, head_rows):
     ids = smollm2.tokenizer.encode(lm_head.PROMPT)
     p = torch.softmax(hf_forward(hf_smollm2, ids).logits[0, -1], -1)
     paris = smollm2.tokenizer.encode(" Paris")[0]
-    assert f"P(' Paris') = {float(p[paris]):.3g}, rank 1" in head_rows[1].measured
+    assert f"P(' Paris') = {float(p[paris]):.2f}, rank 1" in head_rows[1].measured
     assert "[576] · W[49152, 576]ᵀ → 49152 logits" in head_rows[1].measured
     assert head_rows[1].verdict == HOLDS
 
@@ -244,7 +244,7 @@ def test_gemma_rows_match_transformers(smollm2, gemma, hf_gemma):
         paris = gemma.tokenizer.encode("巴黎")[-1]
         rank = int((p > p[paris]).sum()) + 1
         assert repr(text) in row.article
-        assert f"P(巴黎) = {float(p[paris]):.3g}, rank {rank:,}" in row.measured
+        assert f"P(巴黎) = {float(p[paris]):.2g}, rank {rank:,}" in row.measured   # 2 digits, as notebook 05
     # after the question Gemma restates it (✗); 巴黎 is near the top after the bare sentence start, and first after
     # its own restatement — but with P(巴黎) far above the article's 0.042 (≈: the point holds, the number not)
     assert [r.verdict for r in rows[4:7]] == [DIFFERS, ROUGHLY, ROUGHLY]

@@ -33,10 +33,14 @@ def test_tiny_counts_by_hand():
     assert n_params(TINY) == 40 + 24 + 2 * (4 * 16 + 2 * 32 + 28 + 16) + 8 == 416
     # prefill of T=3: each matrix 2·L·T·d_in·d_out; scores and mixing 2·L·heads·d_head·T·S with S=T;
     # LayerNorm ≈ 8 FLOPs per element on 2·L·T + T vectors of 4; head 2·T·d·vocab
-    assert flops_by_stage(TINY, 3) == {
-        "embedding": 0, "attn_q": 2 * 2 * 3 * 4 * 4, "attn_k": 192, "attn_v": 192, "attn_output": 192,
-        "ffn_up": 2 * 2 * 3 * 4 * 8, "ffn_down": 384, "attn_scores": 2 * 2 * 2 * 2 * 3 * 3, "attn_mix": 144,
-        "norms": 8 * (2 * 2 * 3 * 4 + 3 * 4), "lm_head": 2 * 3 * 4 * 10}
+    stages = flops_by_stage(TINY, 3)
+    assert stages == {
+        "embedding": 0, "attn_q": 2 * 2 * 3 * 4 * 4, "attn_k": 192, "attn_v": 192,
+        "attn_scores": 2 * 2 * 2 * 2 * 3 * 3, "attn_mix": 144, "attn_output": 192,
+        "ffn_up": 2 * 2 * 3 * 4 * 8, "ffn_down": 384, "norms": 8 * (2 * 2 * 3 * 4 + 3 * 4), "lm_head": 2 * 3 * 4 * 10}
+    # in the order a pass runs them (== above ignores order): scores and mixing between the V and output projections
+    assert list(stages) == ["embedding", "attn_q", "attn_k", "attn_v", "attn_scores", "attn_mix", "attn_output",
+                            "ffn_up", "ffn_down", "norms", "lm_head"]
     assert embedding_lookups(TINY, 3) == 6          # token row + learned position row per token
 
 

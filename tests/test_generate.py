@@ -240,10 +240,25 @@ def test_generation_widget_clicks_write_what_transformers_writes(smollm2, hf_smo
     reference = hf_greedy(hf_smollm2, w.prompt_ids, 4) if temperature == 0 else \
         hf_sampled(hf_smollm2, w.prompt_ids, 4, seed, temperature)
     assert w.ids[len(w.prompt_ids):] == reference
-    assert [s.input_len for s in w.steps] == [len(w.prompt_ids) + k for k in range(4)]    # no cache: whole prefix
+    assert [s.input_len for s in w.steps] == [len(w.prompt_ids), 1, 1, 1]    # the prompt, then the cache serves
     with torch.no_grad():
         theirs = hf_smollm2(torch.tensor([w.ids])).logits[0, -1]
     torch.testing.assert_close(w.logits, theirs, atol=1e-3, rtol=1e-3)
+    first = w.ids
+    w.reset()                                   # the drawn tokens' keys and values are forgotten: the same answer again
+    for _ in range(4):
+        w.next()
+    assert w.ids == first
+    torch.testing.assert_close(w.logits, theirs, atol=1e-3, rtol=1e-3)
+
+
+def test_generation_widget_stops_when_its_cache_is_full(smollm2, monkeypatch):
+    from llmwalk import viz
+    monkeypatch.setattr(viz.widgets.GenerationWidget, "MAX_CLICKS", 2)
+    w = viz.generation_widget(smollm2, "Once upon a time", temperature=0.0, n=5)
+    for _ in range(3):
+        w.next()
+    assert len(w.steps) == 2 and w.controls["next"].disabled
 
 
 # ---------------------------------------------------------------- errors, raised before any forward pass

@@ -131,3 +131,18 @@ def test_knowledge_verdict_follows_the_numbers():
     assert knowledge_verdict([0.01, 0.8], [0.1, 0.6]) == Verdict.HOLDS
     assert knowledge_verdict([0.01, 0.8], [0.6, 0.1]) == Verdict.ROUGHLY
     assert knowledge_verdict([0.7, 0.1], [0.7, 0.1]) == Verdict.DIFFERS
+
+
+def test_effects_start_with_the_plain_run_named_in_the_reader_s_language(smollm2, france):
+    tok = smollm2.tokenizer
+    tokens = [tok.token_id(" Paris"), tok.token_id(" Berlin")]
+    plain = torch.softmax(lw.forward(smollm2, france).logits[-1], -1)[tokens]
+    lw.set_language("zh")
+    try:
+        rows = iv.effects(smollm2, france, tokens, {"layer 23 attention zeroed": iv.ablate_attention(23)})
+    finally:
+        lw.set_language("en")
+    (first, p), (_, ablated) = rows.items()
+    assert first == "不做任何干预"                      # the plot's first row label: no English "none" left
+    torch.testing.assert_close(p, plain, atol=1e-6, rtol=1e-5)
+    assert not torch.allclose(ablated, plain, atol=1e-3)

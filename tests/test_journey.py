@@ -31,3 +31,19 @@ def test_journey_runs_the_head_on_the_last_position_only(smollm2):
     full = lw.forward(smollm2, j.ids)
     assert tuple(full.logits.shape) == (5, 49152)
     torch.testing.assert_close(j.trace.logits[0], full.logits[-1], atol=1e-4, rtol=1e-4)
+
+
+def test_journey_stages_speak_the_current_language(smollm2):
+    """Notebook 09's Chinese table of stages reads Chinese; its layer row still starts with "30 ×", which the
+    notebook replaces by "N ×" (a row per model)."""
+    j = lw.journey(smollm2, "The capital of France is", max_new_tokens=1)
+    lw.set_language("zh")
+    try:
+        zh = j.stages()
+    finally:
+        lw.set_language("en")
+    assert [s[0] for s in zh] == ["Token 化", "Embedding", "30 ×（注意力 + FFN）", "最终归一化，最后一个位置",
+                                  "LM Head，最后一个位置", "Softmax", "选一个词块"]
+    assert [s[1] for s in zh] == ["文本 → 5 个 id", "[5] → [5, 576]", "[5, 576] → [5, 576]", "[576] → [576]",
+                                  "[576] → [49152] 个 logit", "[49152] 个概率", "1 个 id"]
+    assert [s[2] for s in zh] == [s[2] for s in j.stages()]           # the same timings, only the names differ

@@ -1,12 +1,14 @@
 """The fast path of passes that record nothing: layers.attention_fast (torch's fused attention) against the
 readable layers.attention it replaces, on SmolLM2's real weights (grouped-query attention, RoPE)."""
+from dataclasses import replace
+
 import pytest
 import torch
 
 import llmwalk as lw
-from llmwalk.embedding import rope_angles
+from llmwalk.embedding import apply_rope, rope_angles
 from llmwalk.kv_cache import KVCache
-from llmwalk.layers import attention, attention_fast, causal_mask, norm
+from llmwalk.layers import attention, attention_fast, causal_mask, norm, norm_fast, rope_together
 
 
 def _layer_input(model, t: int, seed: int = 0):
@@ -71,3 +73,56 @@ def test_prefill_runs_the_fused_kernel(smollm2):
     ops = {e.key for e in prof.key_averages()}
     assert "aten::scaled_dot_product_attention" in ops
     assert "aten::_scaled_dot_product_attention_math" not in ops, sorted(o for o in ops if "attention" in o)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_attention_fast_decoding_one_token(smollm2, window):
+    """One new token after 19 cached ones (decoding): the fused kernel over the cache, as the plain path computes it.
+    mask=None is what an unrecorded forward passes then: the token sees all 20 positions (a kernel that aligned
+    its causal mask with key 0 would let it see one); a sliding window is a [1, S] mask."""
+    config = smollm2.config
+    x, block, rope = _layer_input(smollm2, 20, seed=3)
+    caches = [KVCache.empty(config, 20).layers[0] for _ in range(2)]
+    outs = []
+    for fn, cache in zip((attention, attention_fast), caches):
+        fn(x[:19], block, config, causal_mask(19, 19, window), (rope[0][:19], rope[1][:19]), cache)
+        mask = None if fn is attention_fast and window is None else causal_mask(1, 20, window)
+        outs.append(fn(x[19:], block, config, mask, (rope[0][19:], rope[1][19:]), cache))
+    slow, fast = outs
+    assert fast.weights is None
+    torch.testing.assert_close(fast.out, slow.out, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast.z, slow.z, atol=1e-5, rtol=0)
+    # the answer depends on the keys the token may see: attending to itself alone gives another one
+    alone = attention(x[19:], block, config, causal_mask(1, 1), (rope[0][19:], rope[1][19:]))
+    assert (alone.out - fast.out).abs().amax() > 1e-2
+
+
+def test_decoding_runs_one_fused_attention_per_layer(smollm2):
+    """A decoding step of an unrecorded forward reaches the fused kernel in every layer, without the plain path's
+    scores and softmax (the ~8 small operations per layer this fast path removes)."""
+    cache = KVCache.empty(smollm2.config, 20)
+    lw.forward(smollm2, torch.arange(16), cache, record=False, last_only=True)
+    with torch.profiler.profile() as prof:
+        lw.forward(smollm2, [7], cache, record=False, last_only=True)
+    counts = {e.key: e.count for e in prof.key_averages()}
+    assert counts.get("aten::scaled_dot_product_attention") == smollm2.config.n_layer
+    assert "aten::_softmax" not in counts and "aten::masked_fill" not in counts
+
+
+def test_norm_fast_is_norm(smollm2):
+    """torch's fused RMSNorm computes what the readable rms_norm does (fp32, SmolLM2's residual sizes included);
+    a bf16 input keeps the readable path (it rounds before the scale)."""
+    config, w = smollm2.config, smollm2.weights.blocks[3].ffn_norm
+    x = torch.randn(5, config.d_model, generator=torch.Generator().manual_seed(4)) * 300
+    torch.testing.assert_close(norm_fast(x, w, config), norm(x, w, config), atol=1e-5, rtol=1e-5)
+    assert torch.equal(norm_fast(x.bfloat16(), w, config), norm(x.bfloat16(), w, config))
+    unscaled = replace(w, weight=torch.ones_like(w.weight))         # the scale is applied: a wrong one would show
+    assert (norm_fast(x, unscaled, config) - norm_fast(x, w, config)).abs().amax() > 1e-2
+
+
+def test_rope_together_rotates_each_as_apply_rope(smollm2):
+    q, k = torch.randn(9, 4, 64), torch.randn(3, 4, 64)
+    rope = rope_angles(torch.arange(10, 14), 64, smollm2.config.theta(0))
+    q2, k2 = rope_together(q, k, rope)
+    assert torch.equal(q2, apply_rope(q, *rope)) and torch.equal(k2, apply_rope(k, *rope))
+    assert rope_together(q, k, None) == (q, k)

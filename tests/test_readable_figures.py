@@ -80,6 +80,8 @@ def test_pass_cost_draws_the_counts_it_is_given():
     fig = viz.pass_cost(tokens, flops, read)
     lines = fig.axes[0].get_lines()
     assert [list(l.get_ydata()) for l in lines] == [flops, read]
+    assert fig.axes[0].get_ylabel() == "FLOPs or bytes, per pass"          # the axis names both lines' units
+    assert [a.get_text() for a in fig.axes[0].texts] == ["550 MB"]          # the flat line's size, written out
     timed = viz.pass_cost(tokens, flops, read, seconds=[0.02, 0.021, 0.024])
     per_pass, per_token = timed.axes[1].get_lines()
     np.testing.assert_allclose(per_token.get_ydata(), [20.0, 10.5, 6.0])   # ms per token = ms per pass / tokens

@@ -225,7 +225,7 @@ def test_temperature_zero_rejected_where_there_is_no_distribution():
             call()
 
 
-NAMES = ["logits", "÷T", "softmax", "top-k", "top-p (renormalized)"]
+NAMES = ["logits", "scaled", "softmax", "top_k", "top_p"]
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import llmwalk as lw
+import oracle
 from llmwalk import tokens
 from markers import needs_gemma
 
@@ -76,10 +77,8 @@ def test_pieces_show_utf8_fragments_as_hex_never_replacement_char(gpt2, smollm2)
 
 @pytest.fixture(scope="module")
 def hf_smollm2_tokenizer():
-    from transformers import AutoTokenizer
-    from llmwalk.models import REGISTRY, cache_dir
-    path = REGISTRY["smollm2-135m"].locate(cache_dir())
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    """transformers' tokenizer converted from the same GGUF file (once per machine: tests/oracle.py)."""
+    return oracle.hf_tokenizer("smollm2-135m")
 
 
 @pytest.mark.parametrize("text", TEXTS)
@@ -99,10 +98,8 @@ def test_smollm2_chat_template_equals_transformers(smollm2, hf_smollm2_tokenizer
 
 @pytest.fixture(scope="module")
 def hf_gemma_tokenizer():
-    from transformers import AutoTokenizer
-    from llmwalk.models import REGISTRY, cache_dir
-    path = REGISTRY["gemma3-270m"].locate(cache_dir())
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    """transformers' tokenizer converted from the same GGUF file (once per machine: tests/oracle.py)."""
+    return oracle.hf_tokenizer("gemma3-270m")
 
 
 @needs_gemma

@@ -1,4 +1,5 @@
 """llmwalk.viz: every plot on real SmolLM2 data, the CJK font, and the widgets driven from Python (headless)."""
+import base64
 import warnings
 from types import SimpleNamespace
 
@@ -73,6 +74,15 @@ def shown(tok, ids, limit=12) -> list[str]:
     return [show_piece(p, limit) for p in tok.pieces(ids)]
 
 
+def in_chinese(build):
+    """What `build()` returns when drawn in the Chinese edition."""
+    lw.set_language("zh")
+    try:
+        return build()
+    finally:
+        lw.set_language("en")
+
+
 # ---------------------------------------------------------------- fonts
 
 def test_chinese_renders_as_glyphs():
@@ -137,6 +147,10 @@ def test_vector_strips_and_similarity(trace, tok):
     fig = viz.vector_strips(trace.tok_emb, names)
     assert tick_labels(fig.axes[0].yaxis) == names
     assert fig.axes[0].images[0].get_array().shape == tuple(trace.tok_emb.shape)
+    fig.draw_without_rendering()                                        # ticks to find a dimension by its number
+    (lo, hi), ax = sorted(fig.axes[0].get_xlim()), fig.axes[0]
+    shown_ticks = {t.get_text() for v, t in zip(ax.get_xticks(), ax.get_xticklabels()) if lo <= v <= hi}
+    assert shown_ticks == {"0", "100", "200", "300", "400", "500"}      # d_model 576
     fig = viz.similarity_matrix(trace.tok_emb, names)
     sim = fig.axes[0].images[0].get_array()
     assert np.allclose(np.diag(sim), 1, atol=1e-5) and tick_labels(fig.axes[0].xaxis) == names
@@ -160,12 +174,16 @@ def test_order_demo(model, tok):
     a, b = tok.encode("人咬狗"), tok.encode("狗咬人")
     trace_a = lw.forward(model, a)
     fig = viz.order_demo(trace_a, lw.forward(model, b), tok.pieces(a), tok.pieces(b))
-    assert "True" in fig.axes[0].get_title()                            # the same vectors, reordered
+    assert fig.axes[0].get_title().endswith(": yes")                    # the same vectors, reordered
+    assert (fig.axes[0].get_ylabel(), fig.axes[0].get_xlabel()) == ("tokens of the first text",
+                                                                     "tokens of the second text")
+    assert [x.get_text() for x in fig.axes[0].get_yticklabels()] == tok.pieces(a)   # rows: the first text
     sim = fig.axes[0].images[0].get_array()
     cells = [t.get_text() for t in fig.axes[0].texts]
     assert len(cells) == sim.size == len(a) ** 2                         # every cell written, 2 decimals
     assert cells == [f"{round(float(v), 2) or 0.0:.2f}" for v in sim.flatten()] and cells.count("1.00") >= len(a)
-    assert "cosine similarity" in [ax.get_ylabel() for ax in fig.axes]  # the colour bar, labelled
+    # said once, by the right panel (the left one's title names it too): a colour-bar copy crowded that label
+    assert [ax.get_ylabel() for ax in fig.axes].count("cosine similarity") == 1
     bars = [p.get_height() for p in fig.axes[1].patches]
     assert len(bars) == 1 + model.config.n_layer
     assert bars[0] == pytest.approx(1.0) and min(bars[1:]) < 0.99       # identical without positions, not after
@@ -208,6 +226,9 @@ def test_residual_norms_and_norm_stats(trace, tok, model):
     assert len(lines) == len(trace.ids) and len(lines[0].get_ydata()) == model.config.n_layer + 1
     assert np.allclose(lines[-1].get_ydata(), trace.resid[:, -1].norm(dim=-1).numpy())
     fig = viz.norm_stats(trace)
+    assert [ax.get_title() for ax in fig.axes] == ["std of each token's vector", "mean of each token's vector"]
+    zh = [ax.get_title() for ax in in_chinese(lambda: viz.norm_stats(trace)).axes]
+    assert zh == ["每个词块向量的标准差", "每个词块向量的均值"]             # the statistic's name translated too
     std = fig.axes[0].lines
     assert [line.get_label() for line in std] == ["entering the norm (residual)", "after the norm"]
     assert np.all(std[1].get_ydata()[5:] < std[0].get_ydata()[5:])      # the norm pulls big vectors back
@@ -273,9 +294,16 @@ def test_surgery_plot_titles(logits, tok):
     fig = viz.surgery_plot(logits, tok, temperature=0.7, top_k=20, top_p=0.8, n=6)
     steps = surgery(logits, 0.7, 20, 0.8)
     assert len(fig.axes) == 5
-    for ax, step in zip(fig.axes, steps):
-        assert ax.get_title().startswith(f"{step.name}\nkept {step.kept} ·")
+    names = ["logits", "÷T", "softmax", "top-k", "top-p (renormalized)"]
+    for ax, step, name in zip(fig.axes, steps, names):
+        assert ax.get_title().startswith(f"{name}\nkept {step.kept} ·")
         assert f"entropy {step.entropy:.2f} nats" in ax.get_title()
+    lw.set_language("zh")
+    try:                                                # the Chinese figure names the stages in Chinese too
+        zh = [ax.get_title().split("\n")[0] for ax in viz.surgery_plot(logits, tok, 0.7, 20, 0.8, n=6).axes]
+    finally:
+        lw.set_language("en")
+    assert zh == ["logits", "÷T", "Softmax", "Top-K", "Top-P（重新归一化）"]
 
 
 def test_sample_histogram_matches_probabilities(logits, tok):
@@ -304,6 +332,16 @@ def test_generation_table_and_figure(generation, tok):
     assert all(show_piece(s.token) in drawn for s in generation.steps) and "round 3" in drawn
 
 
+def test_generation_figure_names_byte_fragments_by_their_character(tok):
+    """SmolLM2 spells 国 with two byte tokens: its chips read 国[1/2] and 国[2/2], not their raw bytes."""
+    ids = tok.encode("法国")
+    assert len(ids) == 3 and tok.decode(ids[1:2]) == "\ufffd"       # 法, then 国 in two byte pieces
+    steps = [SimpleNamespace(index=k + 1, context_len=1 + k, token=tok.pieces([i])[0], token_id=i, top=[], prob=1.0)
+             for k, i in enumerate(ids[1:])]
+    drawn = texts(viz.generation_figure(steps, tok, ids[:1]))
+    assert drawn.count("国[1/2]") == 2 and drawn.count("国[2/2]") == 1 and "\\x" not in "".join(drawn)
+
+
 def test_cost_plots(model):
     stages = flops_by_stage(gpt2_config(), 9)
     fig = viz.flops_bars(stages)
@@ -314,7 +352,10 @@ def test_cost_plots(model):
     assert [p.get_width() for p in viz.memory_bars(sizes).axes[0].patches] == list(sizes.values())
     w = model.weights.blocks[0].attn_q.weight
     fig = viz.error_histogram({f"int{b}": dequantize_tensor(quantize_tensor(w, b)) - w for b in (8, 4)})
-    assert len(fig.axes[0].patches) == 2 and fig.axes[0].get_legend().get_texts()[0].get_text().startswith("int8")
+    assert len(fig.axes[0].patches) == 2 and fig.legends[0].get_texts()[0].get_text().startswith("int8")
+    # the wide int4 drawn first, the narrow int8 on top of it (drawn under it, the int8 bars were tinted); the
+    # legend keeps the order it was given
+    assert [p.get_label().split(":")[0] for p in fig.axes[0].patches] == ["int4", "int8"]
 
 
 def test_speculative_timeline():
@@ -322,13 +363,20 @@ def test_speculative_timeline():
               {"proposed": [" is", " the"], "accepted": 2, "extra": " capital"}]
     drawn = texts(viz.speculative_timeline(rounds))
     assert drawn.count("✓") == 4 and drawn.count("✗") == 1
-    assert "resampled" in drawn and "bonus" in drawn and "round 1\n+3 tokens" in drawn
+    assert drawn.count("target's token") == 1 and drawn.count("bonus") == 1      # round 1 rejected, round 2 not
+    assert "round 1\ntokens +3" in drawn and "round 2\ntokens +3" in drawn
+    one = texts(viz.speculative_timeline([{"proposed": [" of"], "accepted": 0, "extra": " France"}]))
+    assert "round 1\ntokens +1" in one                                   # reads right for one token as for three
+    zh = texts(in_chinese(lambda: viz.speculative_timeline(rounds)))
+    assert "目标模型的词块" in zh and "白送一个" in zh and "第 1 轮\n词块 +3" in zh
 
 
 def test_stage_timeline(trace, model):
     fig = viz.stage_timeline({"tokenize": 0.001, **trace.seconds, "softmax": 0.0005, "sample": 0.0001})
     assert tick_labels(fig.axes[0].yaxis) == ["tokenize", "embedding", f"{model.config.n_layer} layers",
                                               "final norm", "lm head", "softmax", "sample"]
+    title = viz.stage_timeline({"tokenize": 0.2, "embedding": 0.2374}).axes[0].get_title()
+    assert title.endswith(": 437 ms in all")                            # whole milliseconds
 
 
 # ---------------------------------------------------------------- widgets
@@ -354,6 +402,28 @@ def test_sampling_widget_follows_its_twin(sampler, logits, tok):
     sampler.set(temperature=1.3, top_k=10, top_p=0.9, min_p=0.05)         # redrawn in place, as a new one would be
     assert sampler.figure is figure
     assert signature(figure) == signature(viz.sampling_panel(logits, tok, 1.3, 10, 0.9, 0.05, n=6))
+
+
+def test_sampling_widget_blits_the_picture_of_a_full_draw(logits, tok):
+    """Each move draws only the artists settings change, over pixels kept from the first one: the cut marks a move
+    removes must vanish, and the picture must equal the same figure drawn whole."""
+    from test_viz_attention import decoded, same_pixels
+    w = viz.sampling_widget(logits, tok, n=6)
+    shown = []
+    # T = 2: the x axis shrinks to the flat bars; back to T = 1 without cuts: the long x label gives way to the
+    # plain "probability", whose old pixels must not stay behind
+    for move in (dict(temperature=0.5, top_k=4, top_p=0.9), dict(temperature=2.0, top_k=0, top_p=1.0),
+                 dict(temperature=0.8, min_p=0.05), dict(temperature=1.0, min_p=0.0)):
+        w.set(**move)
+        shown.append(base64.b64decode(png_of(w)))
+        assert w._background is not None and same_pixels(shown[-1], viz.png(w.figure, crop=False))
+        v = w.values
+        fresh = viz.sampling_panel(logits, tok, v["temperature"], v["top_k"] or None,
+                                   v["top_p"] if v["top_p"] < 1 else None, v["min_p"] or None, n=6)
+        assert signature(w.figure) == signature(fresh)
+        assert [ax.get_xlim() for ax in w.figure.axes] == [ax.get_xlim() for ax in fresh.axes]
+    assert w.figure.axes[0].get_xlabel() == "probability"
+    assert decoded(shown[0]).shape == decoded(shown[1]).shape and not same_pixels(shown[0], shown[1])
 
 
 def test_attention_and_lens_widgets_follow_their_twins(trace, tok, model):
@@ -440,6 +510,7 @@ def test_cost_widget_follows_its_twin(model):
 
 
 def test_generation_widget_steps_like_generate(model, tok):
+    from test_viz_attention import same_pixels
     w = viz.generation_widget(model, PROMPT, temperature=0.8, seed=3, n=5)
     first = png_of(w)
     for _ in range(2):
@@ -448,13 +519,35 @@ def test_generation_widget_steps_like_generate(model, tok):
     assert w.ids == expected.ids and png_of(w) != first
     twin = viz.prob_bars(w.logits, tok, 0.8, n=5, title="…" + tok.decode(w.ids)[-60:].replace("\n", "↵"))
     assert signature(w.figure) == signature(twin)                       # redrawn in place for the next round
+    assert same_pixels(base64.b64decode(png_of(w)), viz.png(w.figure, crop=False))   # blitted: a full draw's picture
     assert w.table.value.count("<tr>") == 3                             # header and two rounds
     w.controls["reset"].click()
-    assert w.ids == tok.encode(PROMPT) and png_of(w) == first and w.table.value.count("<tr>") == 1
+    assert w.ids == tok.encode(PROMPT) and w.table.value.count("<tr>") == 1
+    assert signature(w.figure) == signature(viz.prob_bars(w.logits, tok, 0.8, n=5, title="…" + PROMPT))
     w.controls["next"].click()
     assert w.ids == expected.ids[:-1]                                   # re-seeded: the same first draw
     w.controls["seed"].value = 4                                        # a new seed starts over
     assert w.ids == tok.encode(PROMPT)
+
+
+def test_generation_widget_lays_out_again_for_longer_token_names(model, tok):
+    """The widget keeps its first layout (no layout pass per click) until a round's token names need more room than
+    it left: then it lays the figure out again, so no name is cut at the figure's edge."""
+    from test_viz_attention import same_pixels
+    w = viz.generation_widget(model, PROMPT, n=5)
+    ax = w.figure.axes[0]
+    left = ax.get_position().x0
+    long = [i for i in range(2000) if len(show_piece(tok.pieces([i])[0])) >= 11][:5]
+    assert len(long) == 5
+    w.logits = torch.full_like(w.logits, -10.0).index_put((torch.tensor(long),), torch.arange(10.0, 5.0, -1))
+    w.redraw()
+    assert [t.get_text() for t in ax.get_yticklabels()] == shown(tok, long)
+    assert ax.get_position().x0 > left
+    assert ax.yaxis.get_tightbbox(w.figure.canvas.get_renderer()).x0 >= 0                 # inside the figure
+    assert same_pixels(base64.b64decode(png_of(w)), viz.png(w.figure, crop=False))
+    wider = ax.get_position().x0
+    w.reset()                                   # shorter names again: the room stays (the chart does not jump)
+    assert ax.get_position().x0 == wider and same_pixels(base64.b64decode(png_of(w)), viz.png(w.figure, crop=False))
 
 
 def control_values(controls: dict) -> st.SearchStrategy:
@@ -525,3 +618,12 @@ def test_generation_widget_never_raises(stepper, data, seed):
     assert len(stepper.steps) == 1 and 0 <= stepper.steps[0].prob <= 1
     if temperature == 0:
         assert stepper.steps[0].prob == 1.0                              # greedy
+
+
+def test_generation_chips_fall_back_to_the_drawn_p_when_the_model_p_is_unknown(tok):
+    """A sampled token outside Step.top has no model p to show: its chip shows the p it was drawn with, never "–"."""
+    ids = tok.encode("The capital of France is Paris")
+    step = SimpleNamespace(index=1, context_len=len(ids) - 1, token=tok.pieces(ids[-1:])[0], token_id=ids[-1],
+                           top=[(ids[-1] + 1, "x", 0.9)], prob=0.25)
+    drawn = texts(viz.generation_figure([step], tok, ids[:-1]))
+    assert "p = 0.25" in drawn and not any("–" in s for s in drawn)

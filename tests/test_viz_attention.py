@@ -74,6 +74,7 @@ def test_intervention_plots_draw_the_measured_probabilities(smollm2, trace):
     assert np.allclose(fig.axes[0].images[0].get_array(), grid.numpy())
     fig = viz.ablation_sweep({"attention": grid[:-1, 0].tolist(), "FFN": grid[:-1, 1].tolist()}, 0.7, " Paris")
     assert np.allclose(fig.axes[0].lines[1].get_ydata(), grid[:-1, 1].numpy())
+    assert fig.get_suptitle() == "P(“ Paris”) next with one layer's attention or FFN switched off"
 
 
 def test_residual_plots_put_the_embedding_before_layer_0(smollm2, trace):
@@ -82,6 +83,9 @@ def test_residual_plots_put_the_embedding_before_layer_0(smollm2, trace):
     assert ax.lines[0].get_xdata()[0] == -1 and ax.lines[0].get_xdata()[-1] == smollm2.config.n_layer - 1
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert labels[0] == "emb" and labels[-1] == str(smollm2.config.n_layer - 1)
+    steps = np.diff(ax.get_xticks())                # equal steps from "emb" on: "0" does not sit against "emb"
+    assert steps.min() == steps.max() > 1, ax.get_xticks()
+    assert list(viz.residual_norms(trace, smollm2.tokenizer).axes[0].get_xticks()) == list(ax.get_xticks())
     grid = viz.logit_lens_grid(trace, smollm2)
     rows = [t.get_text() for t in grid.axes[0].get_yticklabels()]
     assert rows[0] == "embedding" and rows[1] == "after layer 0" and len(rows) == smollm2.config.n_layer + 1
@@ -155,3 +159,15 @@ def test_long_prompt_heatmap_labels_every_nth_token_and_writes_no_numbers(smollm
     assert max(fig.get_size_inches()) <= 12                                # cells shrink, the figure does not grow
     short = viz.attention_heatmap(lw.forward(smollm2, tok.encode("The capital of France is")), tok, 1, 1)
     assert len(short.axes[0].texts) == 5 * 6 // 2                                # a weight in every visible cell
+
+
+def test_long_prompt_heads_grid_stays_a_page_wide_with_every_nth_token_labelled(smollm2, long_trace):
+    from llmwalk.viz.attention import PANEL_TICKS
+    tok, n = smollm2.tokenizer, len(long_trace.ids)
+    fig = viz.attention_heads(long_trace, tok, layer=1)
+    assert max(fig.get_size_inches()) <= 14                          # 70 tokens × 0.22 in would be 50 inches wide
+    first = fig.axes[0]
+    assert len(first.get_yticks()) <= PANEL_TICKS and len(first.get_xticklabels()) <= PANEL_TICKS
+    step = -(-n // PANEL_TICKS)
+    assert list(first.get_yticks()) == list(range(0, n, step))
+    assert np.allclose(np.ma.filled(first.images[0].get_array(), 0), np.tril(long_trace.attn[1, 0].numpy()))

@@ -153,3 +153,14 @@ def test_chinese_tables_and_widget_messages(walk):
     assert table.header[:3] == ("轮次", "上下文长度", "本轮计算的词块")
     w = in_language("zh", lambda: viz.similarity_widget(walk["model"], words="Paris"))
     assert w.figure is None and w.error.startswith("请至少输入两个词")
+
+
+def test_stage_names_in_cost_figures_speak_chinese(walk):
+    """The FLOPs bars and the stage timeline name every stage in Chinese (the code keeps its identifiers)."""
+    stages = flops_by_stage(walk["model"].config, 9)
+    seconds = {"tokenize": 1e-3, **walk["trace"].seconds, "softmax": 1e-4, "pick a token": 1e-4}
+    for build in (lambda: viz.flops_bars(stages), lambda: viz.stage_timeline(seconds)):
+        en, zh = ([label.get_text() for label in in_language(language, build).axes[0].get_yticklabels()]
+                  for language in ("en", "zh"))
+        assert len(zh) == len(en) and not set(en) & set(zh), zh          # no stage left with its English name
+    assert viz.cost.stage_label("sample") == "sample" and in_language("zh", lambda: viz.cost.stage_label("x")) == "x"

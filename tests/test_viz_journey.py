@@ -65,8 +65,8 @@ def test_a_slice_with_the_bare_prompt_raises(smollm2, answer, draw):
 def test_table_adds_the_model_probability(smollm2, answer):
     table = viz.generation_table(answer.steps, smollm2.tokenizer, answer.prompt_ids)
     assert table.header[-2:] == ("p", "model p")
-    assert [r[5] for r in table.rows] == ["1.000"] * 7                        # greedy: the drawn token had p = 1
-    assert [r[6] for r in table.rows] == [f"{s.top[0][2]:.3f}" for s in answer.steps]   # greedy: the top token
+    assert [r[5] for r in table.rows] == ["1.00"] * 7                         # greedy: the drawn token had p = 1
+    assert [r[6] for r in table.rows] == [f"{s.top[0][2]:.2f}" for s in answer.steps]   # greedy: the top token
     bare = [dataclasses.replace(s, top=()) for s in answer.steps]              # without the model's view
     assert len(viz.generation_table(bare, smollm2.tokenizer, answer.prompt_ids).header) == 6
 
@@ -92,6 +92,19 @@ def test_journey_diagram_shows_every_stage_and_its_shape(chat_journey):
     assert f"rounds 2–{len(steps)}" in loop and "1 new token each (KV cache)" in loop
     assert j.answer.stopped == "eos" and loop.endswith(f"until {show_piece(steps[-1].token)} = [EOS]")
     assert any(t.startswith(f"round 1: the first token, {len(j.ids)} tokens in") for t in drawn)
+
+
+def test_journey_diagram_in_chinese(chat_journey):
+    """The Chinese diagram keeps the article's names and shows the stages' shapes (and the final norm) in Chinese."""
+    lw.set_language("zh")
+    try:
+        drawn = texts(viz.journey_diagram(chat_journey))
+    finally:
+        lw.set_language("en")
+    n = len(chat_journey.ids)
+    assert f"Token 化\n文本 → {n} 个 id" in drawn and "最终归一化，最后一个位置\n[576] → [576]" in drawn
+    assert "LM Head，最后一个位置\n[576] → [49152] 个 logit" in drawn and "Softmax\n[49152] 个概率" in drawn
+    assert "30 × Attention/FFN" in "".join(drawn)
 
 
 def test_journey_diagram_without_end_token(smollm2):

@@ -170,3 +170,48 @@ def test_sample_histogram_title_legend_and_labels(model, wide):
         assert box.x0 >= x - 1                                      # each value starts right of its red tick
     others = ax.patches[-1]
     assert ax.get_yticklabels()[-1].get_text() == "(others)" and others.get_width() > 0.2
+
+
+def test_prob_bars_axis_ends_just_past_what_is_drawn(trace, model):
+    """At T = 2 the bars are short: the axis follows the running total (the longest thing drawn) instead of ending
+    at 1.05, so the bars fill the chart; a peaked distribution still ends at 1.05."""
+    flat = viz.prob_bars(trace.logits[-1], model.tokenizer, temperature=2.0, n=12).axes[0]
+    total = flat.lines[0].get_xdata()[-1]
+    assert total < 0.5 and total < flat.get_xlim()[1] <= 1.15 * total + 1e-9
+    assert max(p.get_width() for p in flat.patches) < total
+    peaked = viz.prob_bars(trace.logits[-1], model.tokenizer, temperature=0.3, n=12).axes[0]
+    assert peaked.lines[0].get_xdata()[-1] > 0.95 and peaked.get_xlim() == (0, 1.05)
+
+
+@pytest.mark.parametrize("kw, label", [
+    (dict(), "probability"),                                      # notebook 05: no temperature or cut yet
+    (dict(temperature=0.7), "probability at T = 0.7   (no cut)"),
+    (dict(top_k=3), "probability at T = 1   (top-k = 3 keeps 3)"),
+    (dict(temperature=0), "probability at T = 1   (greedy (T = 0) keeps 1)")])
+def test_prob_bars_x_label_names_the_settings_once_there_are_any(trace, model, kw, label):
+    assert viz.prob_bars(trace.logits[-1], model.tokenizer, n=5, **kw).axes[0].get_xlabel() == label
+
+
+def test_sampling_panel_bottom_panels_evenly_spaced(model, wide):
+    """The top chart (token names left, values right) has its own grid: its margins do not widen the bottom gaps."""
+    fig = viz.sampling_panel(wide, model.tokenizer, temperature=0.7, top_k=50, top_p=0.9)
+    drawn(fig)
+    boxes = [ax.get_position() for ax in fig.axes[1:6]]
+    gaps = [b.x0 - a.x1 for a, b in zip(boxes, boxes[1:])]
+    assert max(gaps) - min(gaps) < 0.005, gaps
+    assert len({round(b.width, 6) for b in boxes}) == 1
+
+
+def test_sampling_widget_tick_labels_never_reach_the_next_panel(model, wide):
+    """The widget keeps the gaps of its first layout (T = 1); at other settings the probability axes end elsewhere,
+    and a tick label at a panel's right end would run into the next panel's first one."""
+    w = viz.sampling_widget(wide, model.tokenizer)
+    for move in (dict(temperature=2.0, top_k=20, top_p=0.9), dict(temperature=0.3, top_k=0, top_p=1.0),
+                 dict(temperature=1.15)):
+        w.set(**move)
+        w.figure.draw_without_rendering()
+        renderer = w.figure.canvas.get_renderer()
+        boxes = [[t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+                 for ax in w.figure.axes[1:6]]
+        for left, right in zip(boxes, boxes[1:]):
+            assert max(b.x1 for b in left) < min(b.x0 for b in right), move

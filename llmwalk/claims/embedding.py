@@ -77,13 +77,12 @@ def claims(model: "Model", others: Sequence["Model"] = ()) -> list[Claim]:
                       Verdict.of(equivariant, not mask_tells),
                       numbers={k: o[k] for k in ("gap_no_mask_no_position", "gap_causal_mask_only")}))
 
+    trace = o["traces"][0]
     if model.config.position == "learned":
-        trace = o["traces"][0]
         added = trace.pos_emb is not None and torch.allclose(trace.x0, trace.tok_emb + trace.pos_emb)
         how = t("claims.embedding.position.learned", added=_yes(added), shape=list(model.weights.position_embd.shape))
         point, detail = added, True
     else:
-        trace = o["traces"][0]
         rope = rope_relative_check(model.config.d_head, model.config.rope_theta)
         how = t("claims.embedding.position.rope", context=gpt2.context_length, d_model=gpt2.d_model,
                 model=model.config.name, plain=_yes(torch.equal(trace.x0, trace.tok_emb)),

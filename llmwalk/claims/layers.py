@@ -131,12 +131,12 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
                       t("claims.layers.refinement.measured", prompt=repr(prompt), answer=repr(answer),
                         rank_first=f"{r[1]:,}", rank_mid=f"{r[mid + 1]:,}", mid=mid,
                         top10=lens_point(path["top10_from"]), top1=lens_point(path["top1_from"]), last=L - 1,
-                        p=f"{p[-1]:.3g}"), refinement_verdict(path, L), numbers=path))
+                        p=f"{p[-1]:.2f}"), refinement_verdict(path, L), numbers=path))
 
     s = norm_spread(trace)
     rows.append(Claim(SECTION, t("claims.layers.norm.article"),
                       t("claims.layers.norm.measured", before_min=f"{s['before'][0]:.3g}",
-                        before_max=f"{s['before'][1]:.4g}", before_ratio=f"{s['before_ratio']:.0f}",
+                        before_max=f"{s['before'][1]:.3g}", before_ratio=f"{s['before_ratio']:.0f}",
                         after_min=f"{s['after'][0]:.3g}", after_max=f"{s['after'][1]:.3g}",
                         after_ratio=f"{s['after_ratio']:.1f}"),
                       norm_verdict(s), numbers=s))

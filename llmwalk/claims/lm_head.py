@@ -28,6 +28,7 @@ GEMMA_ANSWER_START = ("法国", "的", "首都", "是")   # how Gemma-3 greedily
 PARIS, BEIJING = ("巴黎", "巴"), ("北京", "北")      # the word and its first character
 ARTICLE_P = {"巴": 0.042, "北": 0.018}
 NEAR_TOP = 5                                       # the claim's point: 巴 among the top 5 and above 北
+GEMMA_DIGITS = 2            # Gemma's probabilities, as notebook 05's own table: a 3rd digit may change on another CPU
 
 
 def gemma_contexts(gemma: "Model") -> dict[str, list[int]]:
@@ -50,18 +51,18 @@ def paris_verdict(stats: dict[str, dict]) -> Verdict:
     return Verdict.of(best <= NEAR_TOP and p_paris > p_beijing, best == 1 and numbers)
 
 
-def _show(stats: dict[str, dict]) -> str:
+def _show(stats: dict[str, dict], digits: int = 3) -> str:
     def one(w):
-        s = stats[w]
+        s, p = stats[w], f"{stats[w]['p']:.{digits}g}"
         if s["one_token"]:
-            return t("claims.lm_head.word_one", word=w, p=f"{s['p']:.3g}", rank=f"{s['rank']:,}")
-        return t("claims.lm_head.word_pieces", word=w, p=f"{s['p']:.3g}", n=len(s["ids"]), rank=f"{s['rank']:,}")
+            return t("claims.lm_head.word_one", word=w, p=p, rank=f"{s['rank']:,}")
+        return t("claims.lm_head.word_pieces", word=w, p=p, n=len(s["ids"]), rank=f"{s['rank']:,}")
     return "; ".join(one(w) for w in PARIS + BEIJING)
 
 
-def _top(model, probs) -> str:
+def _top(model, probs, digits: int = 3) -> str:
     (piece, p), = top_tokens(model, probs)
-    return t("claims.lm_head.top", piece=repr(piece), p=f"{p:.3g}")
+    return t("claims.lm_head.top", piece=repr(piece), p=f"{p:.{digits}g}")
 
 
 def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
@@ -88,7 +89,7 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
                       t("claims.lm_head.linear.measured", model=config.name, d=h.shape[0], shape=list(w.shape),
                         n=logits.shape[0], diff="< 1e-04" if same < 1e-4 else f"{same:.3g}",
                         total=f"{float(probs.sum()):.4f}", prompt=repr(PROMPT), answer=repr(ANSWER),
-                        p=f"{float(probs[token]):.3g}", rank=rank_of(probs, token)),
+                        p=f"{float(probs[token]):.2f}", rank=rank_of(probs, token)),
                       Verdict.of(same < 1e-4 and abs(float(probs.sum()) - 1) < 1e-4),
                       numbers={"max_diff": same, "sum": float(probs.sum()), "p_answer": float(probs[token])}))
 
@@ -117,8 +118,9 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
             probs, stats = word_probs(gemma, ids, PARIS + BEIJING)
             chars = {c: next_char_prob(gemma.tokenizer, probs, c) for c in ("巴", "北")}
             rows.append(Claim(SECTION, t("claims.lm_head.gemma.article", text=repr(text)),
-                              t("claims.lm_head.gemma.measured", model=gemma.config.name, top=_top(gemma, probs),
-                                words=_show(stats), p_ba=f"{chars['巴']:.3g}", p_bei=f"{chars['北']:.3g}"),
+                              t("claims.lm_head.gemma.measured", model=gemma.config.name,
+                                top=_top(gemma, probs, GEMMA_DIGITS), words=_show(stats, GEMMA_DIGITS),
+                                p_ba=f"{chars['巴']:.{GEMMA_DIGITS}g}", p_bei=f"{chars['北']:.{GEMMA_DIGITS}g}"),
                               paris_verdict(stats),
                               numbers={**stats, "next_char": chars}))
 

@@ -33,9 +33,7 @@ TOP_K = 50
 TOP_P = 0.9
 
 
-# ---------------------------------------------------------------- one distribution
-
-# ---------------------------------------------------------------- loops and variety
+# ---------------------------------------------------------------- what a library does by default
 
 def library_defaults() -> dict[str, object]:
     """The sampling settings transformers' generate() uses when neither the model nor the caller sets them."""

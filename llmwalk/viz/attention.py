@@ -18,11 +18,13 @@ from ._draw import cell_text, every_nth, heatmap, labels, new_figure, show_piece
 NUMBERS_UP_TO = 14        # tokens: a grid this small gets each weight written in its cell
 ROWS_UP_TO = 30           # tokens: attention_step writes each row's value next to its bar up to this many keys
 FIGURE_INCHES = 8         # the grid of a long prompt shrinks its cells to fit this many inches
+PANEL_INCHES = 2.6        # ... and one head's panel in attention_heads (3 across stay a page wide)
+PANEL_TICKS = 16          # tick labels per panel axis: more 7-point labels would overlap on PANEL_INCHES
 
 
-def _cell(n: int, largest: float) -> float:
-    """Inches per heatmap cell: `largest` for a short prompt, smaller so that n cells fit FIGURE_INCHES."""
-    return min(largest, FIGURE_INCHES / max(n, 1))
+def _cell(n: int, largest: float, fit: float = FIGURE_INCHES) -> float:
+    """Inches per heatmap cell: `largest` for a short prompt, smaller so that n cells fit `fit` inches."""
+    return min(largest, fit / max(n, 1))
 
 
 def _mask(ax, tokens: Sequence[str], window: int | None = None) -> None:
@@ -208,13 +210,14 @@ def update_attention_heatmap(fig: Figure, trace, layer: int, head: int) -> list:
 
 
 def attention_heads(trace, tokenizer, layer: int = 0) -> Figure:
-    """All heads of one layer side by side."""
+    """All heads of one layer side by side. On a long prompt the panels stop growing (the cells shrink) and
+    label every n-th token."""
     w = trace.layers[layer].attn.weights.float().numpy()           # [n_head, T, S]
     names = labels(tokenizer, trace.ids, limit=8)
     n_head = len(w)
     cols = math.ceil(math.sqrt(n_head))
     rows = math.ceil(n_head / cols)
-    side = 1.0 + 0.22 * w.shape[-1]
+    side = 1.0 + _cell(w.shape[-1], 0.22, PANEL_INCHES) * w.shape[-1]
     fig = new_figure(cols * side + 0.8, rows * side + 0.5)
     axes = fig.subplots(rows, cols, squeeze=False)
     for h, ax in enumerate(axes.flat):
@@ -222,6 +225,9 @@ def attention_heads(trace, tokenizer, layer: int = 0) -> Figure:
             ax.axis("off")
             continue
         im = _attention(ax, w[h], names, numbers=False)
+        if len(names) > PANEL_TICKS:
+            ax.set_xticks(*every_nth(names, PANEL_TICKS), rotation=90)
+            ax.set_yticks(*every_nth(names, PANEL_TICKS))
         ax.set_title(t("viz.attention.head", head=h), fontsize=9)
         ax.tick_params(labelsize=7)
         if h % cols:

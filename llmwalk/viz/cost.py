@@ -9,15 +9,21 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 from torch import Tensor
 
-from ..i18n import t
+from ..i18n import language, t, table
 from ._draw import CHIP_COLORS, KEPT, Chip, chip_figure, new_figure, si, token_bars
 
 
-def _bars(values: dict[str, float], unit: str, title: str) -> Figure:
-    """Horizontal bars, one per key, values written with a k/M/G suffix and `unit`."""
+def stage_label(stage: str) -> str:
+    """How a figure names a stage identifier of cost.flops_by_stage or Trace.seconds ("attn_q", "lm head", ...) in
+    the current language (viz.toml's [stage]); the code keeps the identifiers. Unknown names show as they are."""
+    return table(language()).get("viz.stage." + stage.replace(" ", "-"), stage)   # "lm head" (timed) ≠ "lm_head"
+
+
+def _bars(values: dict[str, float], unit: str, title: str, labels=str) -> Figure:
+    """Horizontal bars, one per key (named by `labels(key)`), values written with a k/M/G suffix and `unit`."""
     fig = new_figure(7, 1 + 0.32 * len(values))
     ax = fig.subplots()
-    token_bars(ax, list(values), list(values.values()), KEPT, fmt=lambda v: si(v) + unit)
+    token_bars(ax, [labels(k) for k in values], list(values.values()), KEPT, fmt=lambda v: si(v) + unit)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
     ax.set(xlabel=unit.strip(), title=title)
     return fig
@@ -26,14 +32,19 @@ def _bars(values: dict[str, float], unit: str, title: str) -> Figure:
 def flops_bars(stages: dict[str, int], title: str | None = None) -> Figure:
     """FLOPs of each stage (e.g. cost.flops_by_stage), with the total in the title."""
     return _bars(stages, " FLOPs", t("viz.cost.flops_total", title=title or t("viz.cost.flops_title"),
-                                      total=si(sum(stages.values()))))
+                                      total=si(sum(stages.values()))), labels=stage_label)
+
+
+def _bytes(n: float) -> str:
+    """A size in bytes with a k/M/G suffix: 5 GB, 540 MB, 0 B."""
+    return si(n) + ("B" if abs(n) >= 1e3 else " B")
 
 
 def memory_bars(sizes: dict[str, int], title: str | None = None) -> Figure:
     """Bytes per number format or part (e.g. {dtype: cost.weight_bytes(config, dtype)})."""
     fig = _bars(sizes, "B", title or t("viz.cost.memory"))
     ax = fig.axes[0]
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v) + "B"))          # "5 GB", not "5 G" under "B"
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _bytes(v)))
     ax.set_xlabel(t("viz.cost.bytes"))
     return fig
 
@@ -54,15 +65,23 @@ def time_per_token(context_lens: Sequence[int], series: dict[str, Sequence[float
 def error_histogram(errors: Tensor | dict[str, Tensor], bins: int = 100) -> Figure:
     """Histogram of quantization errors (quantized − original), one colour per format, log counts."""
     errors = errors if isinstance(errors, dict) else {t("viz.cost.error"): errors}
-    fig = new_figure(7, 3.8)
+    fig = new_figure(7, 3.8 + 0.2 * len(errors))
     ax = fig.subplots()
+    errors = {name: e.detach().float().flatten() for name, e in errors.items()}
     lim = max(float(e.abs().max()) for e in errors.values()) or 1.0
-    for name, e in errors.items():
-        e = e.detach().float().flatten()
-        ax.hist(e.numpy(), bins=np.linspace(-lim, lim, bins + 1), histtype="stepfilled", alpha=0.5, log=True,
-                label=t("viz.cost.error_label", name=name, mean=f"{e.abs().mean():.2g}", max=f"{e.abs().max():.2g}"))
+    colors = {name: f"C{k}" for k, name in enumerate(errors)}     # by the caller's order, whatever the drawing order
+    handles = {}
+    # widest first: a narrow distribution drawn later sits on top of the wide one instead of tinting it
+    for name in sorted(errors, key=lambda n: -float(errors[n].abs().max())):
+        e = errors[name]
+        *_, (patch,) = ax.hist(e.numpy(), bins=np.linspace(-lim, lim, bins + 1), histtype="stepfilled", log=True,
+                               fc=colors[name], ec="black", lw=0.4, alpha=0.85,
+                               label=t("viz.cost.error_label", name=name, mean=f"{e.abs().mean():.2g}",
+                                       max=f"{e.abs().max():.2g}"))
+        handles[name] = patch
     ax.set(xlabel=t("viz.cost.error"), ylabel=t("viz.cost.count"), title=t("viz.cost.error_title"))
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)   # beside the bars, not on them
+    # in the caller's order; under the axes: off the bars, the axes full width
+    fig.legend(handles=[handles[name] for name in errors], fontsize=8, loc="outside lower center", frameon=False)
     return fig
 
 
@@ -74,7 +93,8 @@ def speculative_timeline(rounds) -> Figure:
     """Speculative decoding round by round: drafted tokens accepted ✓ or rejected ✗, then the big model's token.
 
     Each round has `proposed` (token texts), `accepted` (how many of them the big model kept) and `extra`
-    (the token the big model adds: a bonus when all were accepted, a resample otherwise); dicts or objects.
+    (the token the big model adds: a bonus when all were accepted, else its own token where it rejected — its
+    top token when greedy, a resample when sampling); dicts or objects.
     """
     rows = []
     for n, r in enumerate(rounds, 1):
@@ -82,7 +102,7 @@ def speculative_timeline(rounds) -> Figure:
         chips = [Chip(token, "✓" if k < accepted else "✗", CHIP_COLORS[2] if k < accepted else "#eeeeee",
                       "none" if k < accepted else "#e45756") for k, token in enumerate(proposed)]
         chips += [Chip("→", color=None),
-                  Chip(extra, t("viz.cost.bonus") if accepted == len(proposed) else t("viz.cost.resampled"),
+                  Chip(extra, t("viz.cost.bonus") if accepted == len(proposed) else t("viz.cost.target_token"),
                        CHIP_COLORS[1])]
         rows.append((t("viz.cost.spec_round", round=n, gained=accepted + 1), chips))
     return chip_figure(rows, width=None)
@@ -93,7 +113,7 @@ def stage_timeline(seconds: dict[str, float], title: str | None = None) -> Figur
     rows: list[tuple[str, list[tuple[float, float]]]] = []
     start = 0.0
     for name, s in seconds.items():
-        row = t("viz.cost.layers") if re.fullmatch(r"layer \d+", name) else name
+        row = t("viz.cost.layers") if re.fullmatch(r"layer \d+", name) else stage_label(name)
         if rows and rows[-1][0] == row:
             rows[-1][1].append((start, s))
         else:
@@ -109,7 +129,7 @@ def stage_timeline(seconds: dict[str, float], title: str | None = None) -> Figur
     ax.set_yticks(range(len(rows)), [f"{len(s)} {r}" if len(s) > 1 else r for r, s in rows])
     ax.invert_yaxis()
     ax.set(xlabel=t("viz.cost.milliseconds"), xlim=(0, 1000 * start * 1.15 or 1),
-           title=t("viz.cost.timeline_total", title=title or t("viz.cost.timeline_title"), ms=f"{1000 * start:.1f}"))
+           title=t("viz.cost.timeline_total", title=title or t("viz.cost.timeline_title"), ms=f"{1000 * start:.0f}"))
     ax.spines[["top", "right"]].set_visible(False)
     return fig
 
@@ -128,6 +148,9 @@ def pass_cost(tokens: Sequence[int], flops: Sequence[float], bytes_read: Sequenc
            title=t("viz.cost.pass_title"))
     ax.set_xticks(tokens, [str(n) for n in tokens])
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: si(v)))
+    # the bytes hardly change with the tokens, so their line runs between two labelled ticks: write its size
+    ax.annotate(_bytes(bytes_read[-1]), (tokens[-1], bytes_read[-1]), xytext=(0, -4), textcoords="offset points",
+                ha="right", va="top", fontsize=8, color="#e45756")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3, which="both")
     if seconds is not None:

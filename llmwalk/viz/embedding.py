@@ -6,6 +6,7 @@ from typing import Sequence
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from torch import Tensor
 
 from ..embedding import rope_angles
@@ -26,6 +27,10 @@ def vector_strips(vectors: Tensor, labels: Sequence[str]) -> Figure:
     fig = new_figure(10, 0.9 + 0.35 * len(v))
     ax = fig.subplots()
     heatmap(ax, v, [], labels, cmap="RdBu_r", vmin=-lim, vmax=lim, colorbar=t("viz.embedding.value"))
+    # ticks 0, 100, …: to find the large dimensions a notebook prints (heatmap labels no column here)
+    ax.xaxis.set_major_locator(MaxNLocator(10, steps=[1, 2, 5, 10], integer=True))
+    ax.xaxis.set_major_formatter("{x:.0f}")
+    ax.tick_params(axis="x", length=3)
     ax.set_xlabel(t("viz.embedding.dimensions", last=v.shape[1] - 1))
     return fig
 
@@ -87,13 +92,15 @@ def order_demo(trace_a, trace_b, labels_a: Sequence[str], labels_b: Sequence[str
     fig = new_figure(12, 4.2)
     left, right = fig.subplots(1, 2, width_ratios=(1, 1.8))
     sim = cosine(trace_a.tok_emb, trace_b.tok_emb)
-    im = heatmap(left, sim, labels_b, labels_a, cmap="RdBu_r", vmin=-1, vmax=1, colorbar=t("viz.embedding.cosine"))
+    # a colourbar without a label: the title names it, and a label would crowd the right panel's y-label
+    im = heatmap(left, sim, labels_b, labels_a, cmap="RdBu_r", vmin=-1, vmax=1, colorbar="")
     if max(sim.shape) <= 12:                          # small enough to write every value in its cell
         cell_text(left, im, [[f"{round(float(s), 2) or 0.0:.2f}" for s in row] for row in sim], fontsize=7)
     else:                                             # only mark the pairs that are the same vector
         cell_text(left, im, [["1" if s > 0.9999 else "" for s in row] for row in sim])
+    left.set(xlabel=t("viz.embedding.second_text"), ylabel=t("viz.embedding.first_text"))   # which text is which
     same = torch.equal(trace_a.tok_emb[order_a], trace_b.tok_emb[order_b])
-    left.set_title(t("viz.embedding.order_same", same=same))
+    left.set_title(t("viz.embedding.order_same", same=t("viz.embedding.yes") if same else t("viz.embedding.no")))
     stages = [("emb", trace_a.tok_emb, trace_b.tok_emb)]              # layers from 0, as everywhere (resid_axis)
     if trace_a.pos_emb is not None:
         stages.append(("emb + pos", trace_a.x0, trace_b.x0))

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from ..walk import Journey
 
 FONT = 10                       # points; box geometry is in em of this size
-ARTICLE = {"tokenize": "Token 化", "embedding": "Embedding", "softmax": "Softmax"}   # the article's names
+ARTICLE = {"tokenize": "Token 化", "embedding": "Embedding", "softmax": "Softmax"}   # the article's, by Journey.STAGES
 NOT_IN_ARTICLE = "#e5e5e5"      # the final norm: a stage the article's chain leaves out
 
 
@@ -21,18 +21,10 @@ def _boxes(j: "Journey") -> list[tuple[str, str, str]]:
     """(name, note, colour) for every box: the input, the journey's stages (their shapes), the token chosen."""
     text = repr(j.prompt) if len(repr(j.prompt)) <= 20 else repr(j.prompt)[:19] + "…"
     boxes = [("输入", text.replace("$", r"\$"), CHIP_COLORS[1])]
-    for stage, shape, _ in j.stages():
-        if stage.endswith("(attention + FFN)"):
-            name = stage.replace("(attention + FFN)", "Attention/FFN")
-        elif stage.startswith("LM head"):
-            name = t("viz.journey.lm_head")
-        elif stage.startswith("final norm"):
-            name = t("viz.journey.final_norm")
-        elif stage == "pick a token":
-            name = t("viz.journey.pick")
-        else:
-            name = ARTICLE.get(stage, stage)
-        boxes.append((name, shape, NOT_IN_ARTICLE if stage.startswith("final norm") else CHIP_COLORS[0]))
+    names = {**ARTICLE, "layers": f"{len(j.trace.layers)} × Attention/FFN", "lm head": t("viz.journey.lm_head"),
+             "pick a token": t("viz.journey.pick")}           # the final norm, not in the article: the stage's name
+    for key, (stage, shape, _) in zip(j.STAGES, j.stages(), strict=True):
+        boxes.append((names.get(key, stage), shape, NOT_IN_ARTICLE if key == "final norm" else CHIP_COLORS[0]))
     first = j.answer.steps[0].token if j.answer.steps else str(j.first_token)
     return boxes + [("输出词", repr(show_piece(first)), CHIP_COLORS[3])]
 

@@ -27,9 +27,10 @@ def residual_norms(trace, tokenizer) -> Figure:
 
 def resid_axis(ax, n_layer: int) -> None:
     """The x axis of a plot over the residual stream, x = -1 .. n_layer - 1: "emb" (what enters layer 0), then
-    after layer 0, 1, … (layers are numbered from 0, as trace.layers[i])."""
+    after layer 0, 1, … (layers are numbered from 0, as trace.layers[i]). About 10 ticks in equal steps, counted
+    back from the last layer and none nearer "emb" than one step ("emb" next to "0" would touch)."""
     step = max(1, round(n_layer / 10))
-    ticks = [-1] + list(range(0, n_layer - step // 2, step)) + [n_layer - 1]
+    ticks = [-1] + list(range(n_layer - 1, step - 2, -step))[::-1]
     ax.set_xticks(ticks, ["emb"] + [str(i) for i in ticks[1:]])
     ax.set_xlabel(t("viz.layers.resid_axis"))
 
@@ -40,14 +41,14 @@ def norm_stats(trace) -> Figure:
     after = torch.stack([b.attn_in for b in trace.layers]).float()     # what leaves it
     fig = new_figure(10, 3.8)
     axes = fig.subplots(1, 2)
-    for ax, stat in zip(axes, ("std", "mean")):
+    for ax, stat, word in zip(axes, ("std", "mean"), (t("viz.layers.std"), t("viz.layers.mean"))):
         for x, name, color in ((before, t("viz.layers.norm_in"), "#e45756"),
                                (after, t("viz.layers.norm_out"), "#4c78a8")):
             per_token = getattr(x, stat)(dim=-1)                       # [n_layer, T]: over the d dimensions
             layers = np.arange(len(per_token))
             ax.plot(layers, per_token.median(1).values.numpy(), marker=".", color=color, label=name)
             ax.fill_between(layers, per_token.amin(1).numpy(), per_token.amax(1).numpy(), color=color, alpha=0.15)
-        ax.set(xlabel=t("viz.layers.layer"), title=t("viz.layers.norm_stat", stat=stat))
+        ax.set(xlabel=t("viz.layers.layer"), title=t("viz.layers.norm_stat", stat=word))
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[0].legend(fontsize=8)
@@ -139,5 +140,6 @@ def ablation_sweep(sweeps: dict, base: float, word: str) -> Figure:
     ax.set(xlabel=t("viz.layers.layer_from_0"), ylabel=t("viz.layers.p_word", word=word), ylim=(0, 1),
            xlim=(-0.5, len(probs) - 0.5))
     ax.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0, 1.01), ncols=3, frameon=False)
+    fig.suptitle(t("viz.layers.ablation_title", word=word))         # the figure's: above the legend
     ax.grid(alpha=0.3)
     return fig

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import ScaledTranslation
 from torch import Tensor
 
@@ -54,13 +55,13 @@ def _prob_bars(ax, logits: Tensor, tokenizer, n: int) -> None:
     token_bars(ax, labels(tokenizer, ids), np.zeros(len(ids)), KEPT)
     _values_at_right(ax)
     ax.plot(np.zeros(len(ids)), range(len(ids)), color="#f58518", marker=".", lw=1, label=t("viz.sampling.cumulative"))
-    ax.set_xlim(0, 1.05)
     _legend_below(ax, [ax.containers[0], ax.lines[0]], ["bars", "line"])
 
 
 def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min_p, chosen: int | None,
-                   title: str | None) -> None:
-    """Bars of the ÷T distribution's top n, removed tokens grey, their running total, the cuts marked."""
+                   title: str | None) -> list:
+    """Bars of the ÷T distribution's top n, removed tokens grey, their running total, the cuts marked. Returns the
+    artists other settings change (not the token names on the y axis: only other logits change those)."""
     for artist in [a for a in (*ax.lines, *ax.texts) if a.get_gid() == "cut"]:
         artist.remove()                                         # the previous settings' cut marks
     probs = (logits.float() / (temperature or 1.0)).softmax(-1)  # greedy (T = 0) shows the T = 1 distribution
@@ -72,7 +73,11 @@ def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min
         bar.set_width(value)
         bar.set_facecolor(CHOSEN if i == chosen else KEPT if kept[i] else REMOVED)
         text.set_text(f" {value:.3f}")
-    ax.lines[0].set_xdata(values.cumsum())
+    running = values.cumsum()
+    ax.lines[0].set_xdata(running)
+    # The axis ends just past the running total (the longest thing drawn), so a flat distribution's bars (T = 2)
+    # fill the width instead of its left eighth; a running total of probabilities never passes 1: at most 1.05.
+    ax.set_xlim(0, min(1.05, 1.15 * max(running[-1], 0.05)))
     marks: dict[int, list[str]] = {}
     for name, count in left.items():
         marks.setdefault(count, []).append(name)
@@ -84,7 +89,8 @@ def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min
     temp = f"{temperature or 1:g}"
     cuts = (" · ".join(t("viz.sampling.keeps", cut=name, count=f"{count:,}") for name, count in left.items())
             or t("viz.sampling.no_cut"))
-    ax.set(xlabel=t("viz.sampling.prob_at", temperature=temp, cuts=cuts),
+    plain = temperature == 1 and not left          # before temperature and cuts come in (notebook 05)
+    ax.set(xlabel=t("viz.sampling.probability") if plain else t("viz.sampling.prob_at", temperature=temp, cuts=cuts),
            title=title or t("viz.sampling.kept_of", kept=int(kept.sum()), total=len(kept)))
     bars = (t("viz.sampling.legend_bars_cut", temperature=temp) if left
             else t("viz.sampling.legend_bars", temperature=temp))
@@ -94,6 +100,7 @@ def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min
         total = t("viz.sampling.legend_total_top_p") if top_p else t("viz.sampling.legend_total")
     for legend_text, text in zip(ax.get_legend().get_texts(), (bars, total)):
         legend_text.set_text(text)
+    return [*ax.patches, *ax.spines.values(), ax.xaxis, *ax.lines, *ax.texts, ax.title, ax.get_legend()]
 
 
 def prob_bars(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,
@@ -108,9 +115,11 @@ def prob_bars(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | 
 
 def update_prob_bars(fig: Figure, logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,
                      top_p: float | None = None, min_p: float | None = None, chosen: int | None = None,
-                     title: str | None = None) -> None:
-    """Redraw a prob_bars figure in place for other logits or settings (the same number of bars).  # [vocab]"""
-    _set_prob_bars(fig.axes[0], logits, tokenizer, temperature, top_k, top_p, min_p, chosen, title)
+                     title: str | None = None) -> list:
+    """Redraw a prob_bars figure in place for other logits or settings (the same number of bars); returns the
+    artists it changed, token names included (a widget draws only these anew).  # [vocab]"""
+    ax = fig.axes[0]
+    return [ax.yaxis, *_set_prob_bars(ax, logits, tokenizer, temperature, top_k, top_p, min_p, chosen, title)]
 
 
 def _surgery(axes, logits: Tensor, tokenizer, n: int) -> None:
@@ -127,8 +136,16 @@ def _surgery(axes, logits: Tensor, tokenizer, n: int) -> None:
             ax.set_yticklabels([])
 
 
-def _set_surgery(axes, logits: Tensor, temperature: float, top_k, top_p) -> None:
-    """Bars of each stage of sampling.surgery: logits, ÷T, then probabilities on one shared scale."""
+def _stage_name(stage: str) -> str:
+    """What a figure calls a stage of sampling.surgery (which names them by identifier), in the current language."""
+    return {"logits": t("viz.sampling.stage_logits"), "scaled": t("viz.sampling.stage_scaled"),
+            "softmax": t("viz.sampling.stage_softmax"), "top_k": t("viz.sampling.stage_top_k"),
+            "top_p": t("viz.sampling.stage_top_p")}[stage]
+
+
+def _set_surgery(axes, logits: Tensor, temperature: float, top_k, top_p) -> list:
+    """Bars of each stage of sampling.surgery: logits, ÷T, then probabilities on one shared scale. Returns the
+    artists other settings change: all but the first stage's (the logits themselves)."""
     steps = surgery(logits, temperature, top_k, top_p)
     n = len(axes[0].patches)
     ids = logits.topk(n).indices
@@ -148,8 +165,14 @@ def _set_surgery(axes, logits: Tensor, temperature: float, top_k, top_p) -> None
             ax.set_xlim(lo - 0.2 * (hi - lo) * (lo < 0), hi + 0.2 * (hi - lo) * (hi > 0))
         else:                             # one scale for the three probability stages, room for the values
             ax.set_xlim(0, top_prob * 1.35)
-        ax.set_title(t("viz.sampling.stage", stage=step.name, kept=step.kept, removed=f"{step.removed_mass:.1%}",
-                       entropy=f"{step.entropy:.2f}"), fontsize=9)
+        # A few ticks, none near the right end, where a label would run into the next panel's first one (the
+        # panels sit close, and a widget keeps the gaps its first settings left).
+        lo, hi = ax.get_xlim()
+        ticks = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+        ax.set_xticks(ticks[(ticks >= lo) & (ticks <= hi - 0.15 * (hi - lo))])
+        ax.set_title(t("viz.sampling.stage", stage=_stage_name(step.name), kept=step.kept,
+                       removed=f"{step.removed_mass:.1%}", entropy=f"{step.entropy:.2f}"), fontsize=9)
+    return [a for ax in axes[1:] for a in (*ax.patches, *ax.spines.values(), ax.xaxis, *ax.texts, ax.title)]
 
 
 def surgery_plot(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,
@@ -166,18 +189,20 @@ def sampling_panel(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: i
                    top_p: float | None = None, min_p: float | None = None, n: int = 10) -> Figure:
     """prob_bars above surgery_plot for the same settings (what sampling_widget shows).  # [vocab]"""
     fig = new_figure(14, 2.6 + 0.56 * n)
-    grid = fig.add_gridspec(2, 5)
-    _prob_bars(fig.add_subplot(grid[0, 1:4]), logits, tokenizer, n)
-    _surgery([fig.add_subplot(grid[1, i]) for i in range(5)], logits, tokenizer, n)
+    rows = fig.add_gridspec(2, 1)      # one grid per row: the top chart's margins do not widen the bottom's gaps
+    _prob_bars(fig.add_subplot(rows[0].subgridspec(1, 3, width_ratios=(1, 3, 1))[1]), logits, tokenizer, n)
+    bottom = rows[1].subgridspec(1, 5)
+    _surgery([fig.add_subplot(bottom[i]) for i in range(5)], logits, tokenizer, n)
     update_sampling_panel(fig, logits, tokenizer, temperature, top_k, top_p, min_p)
     return fig
 
 
 def update_sampling_panel(fig: Figure, logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,
-                          top_p: float | None = None, min_p: float | None = None) -> None:
-    """Redraw a sampling_panel figure in place for other settings: bar lengths, colours, texts, cut marks.  # [vocab]"""
-    _set_prob_bars(fig.axes[0], logits, tokenizer, temperature, top_k, top_p, min_p, None, None)
-    _set_surgery(fig.axes[1:6], logits, temperature, top_k, top_p)
+                          top_p: float | None = None, min_p: float | None = None) -> list:
+    """Redraw a sampling_panel figure in place for other settings of the same logits: bar lengths, colours, texts,
+    cut marks. Returns the artists it changed (a widget draws only these anew).  # [vocab]"""
+    return [*_set_prob_bars(fig.axes[0], logits, tokenizer, temperature, top_k, top_p, min_p, None, None),
+            *_set_surgery(fig.axes[1:6], logits, temperature, top_k, top_p)]
 
 
 def sample_histogram(logits: Tensor, tokenizer, n_samples: int = 1000, temperature: float = 1.0,

@@ -7,8 +7,9 @@ import io
 import re
 import time
 import warnings
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import ipywidgets as W
 import torch
@@ -21,6 +22,7 @@ from torch import Tensor
 from ..cost import decode_step_flops
 from ..generation import Step, prepare
 from ..i18n import t
+from ..kv_cache import KVCache
 from ..sampling import Sampler
 from ..walk import forward
 from .attention import attention_heatmap, update_attention_heatmap
@@ -49,10 +51,11 @@ def _canvas(fig: Figure) -> FigureCanvasAgg:
 
 
 def _encode(canvas: FigureCanvasAgg) -> bytes:
-    """The pixels the canvas holds as PNG bytes, fast compression (a figure that redraws on every move)."""
+    """The pixels the canvas holds as PNG bytes, fast compression (a figure that redraws on every move), without
+    the alpha channel (opaque figures: a quarter less to encode)."""
     buf = io.BytesIO()
-    Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba()).save(buf, format="png",
-                                                                                   compress_level=1)
+    image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba())
+    image.convert("RGB").save(buf, format="png", compress_level=1)
     return buf.getvalue()
 
 
@@ -69,9 +72,21 @@ def _blit(fig: Figure, artists: list, background=None) -> tuple[bytes, object]:
             a.set_animated(False)                # ... and back in any later full draw (savefig, a test)
     else:
         canvas.restore_region(background)
-    for a in artists:
+    for a in sorted(artists, key=lambda a: a.get_zorder()):       # stable: the order a full draw has
         fig.draw_artist(a)
     return _encode(canvas), background
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Torch on one thread for the small sums of a redraw (one [vocab] row, one attention map): split over threads,
+    each of those operations waits for a second thread to wake up, tens of ms on a busy machine for 50 µs of work."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class PlotWidget:
@@ -82,7 +97,7 @@ class PlotWidget:
     and renders one PNG pass. With fixed_layout, the layout computed at the first draw is kept too (for updates
     that change no tick label's length). With blit (and fixed_layout), update returns the artists it changed and
     only they are drawn anew, over the pixels of the rest drawn once (a 150-token heatmap's tick labels cost more
-    than its image).
+    than its image). update runs with one torch thread (see _one_thread).
     A ValueError from the plot (input it cannot draw) is shown as a message instead of a figure: `figure` is then
     None and `error` holds the message.
     """
@@ -130,7 +145,8 @@ class PlotWidget:
         try:
             changed = None
             if self.update is not None and self.figure is not None:
-                changed = self.update(self.figure, **self.values)
+                with _one_thread():
+                    changed = self.update(self.figure, **self.values)
             else:
                 self.figure, self._background = self.plot(**self.values), None
             self.error = None
@@ -169,7 +185,8 @@ def sampling_widget(logits: Tensor, tokenizer, n: int = 10) -> PlotWidget:
         "top_k": W.IntSlider(value=0, min=0, max=50, description=t("viz.widgets.top_k"), continuous_update=False),
         "top_p": _slider(1.0, 0.05, 1.0, 0.01, t("viz.widgets.top_p")),
         "min_p": _slider(0.0, 0.0, 0.5, 0.01, t("viz.widgets.min_p"))},
-        update=lambda fig, **v: update_sampling_panel(fig, logits, tokenizer, *settings(**v)), fixed_layout=True)
+        update=lambda fig, **v: update_sampling_panel(fig, logits, tokenizer, *settings(**v)), fixed_layout=True,
+        blit=True)
 
 
 def attention_widget(trace, tokenizer) -> PlotWidget:
@@ -286,14 +303,21 @@ class GenerationWidget(PlotWidget):
     """Generate one token per click of 'next token': the bars show the distribution the next click draws from.
 
     Each click is one round of generation's own loop (Loop.next_logits, then Loop.choose with the slider's
-    temperature), without a KV cache: every round reruns the whole sequence, as the article's loop does.
+    temperature). The loop keeps a KV cache, so a round runs only the token drawn last (the answer is the one a
+    rerun of the whole sequence gives, notebook 07), for up to `MAX_CLICKS` tokens. The bars are blitted over the
+    first round's layout, laid out again only when a round's token names need more room.
     """
+
+    MAX_CLICKS = 256          # the cache's room for new tokens (a few MB), allocated once
 
     def __init__(self, model, prompt: str, chat: bool = False, temperature: float = 0.7, seed: int = 0, n: int = 10,
                  *, top_p: float | None = None):
         self.model, self.n, self.top_p = model, n, top_p
-        self.loop = prepare(model, prompt, max_new_tokens=1, sampler=Sampler(temperature, top_p=top_p), seed=seed,
-                            kv_cache=False, chat=chat, top_n=0)        # every setting checked before any widget
+        loop = prepare(model, prompt, max_new_tokens=1, sampler=Sampler(temperature, top_p=top_p), seed=seed,
+                       kv_cache=False, chat=chat, top_n=0)        # every setting checked before any widget
+        clicks = min(self.MAX_CLICKS, model.config.context_length - len(loop.prompt_ids))
+        self.loop = replace(loop, max_new_tokens=clicks,
+                            cache=KVCache.empty(model.config, len(loop.prompt_ids) + clicks))
         self.prompt_ids = self.loop.prompt_ids
         self.eos = self.loop.eos_ids
         self.table = W.HTML()
@@ -308,7 +332,8 @@ class GenerationWidget(PlotWidget):
         self.prompt_run = self._run()             # reset and a new seed start from here without rerunning the model
         self._restart()
         super().__init__(lambda temperature, seed: self._plot(temperature), controls, below=(self.table,),
-                         update=lambda figure, temperature, seed: self._plot(temperature, figure))
+                         update=lambda figure, temperature, seed: self._plot(temperature, figure), fixed_layout=True,
+                         blit=True)
 
     @property
     def ids(self) -> list[int]:
@@ -320,20 +345,30 @@ class GenerationWidget(PlotWidget):
         self.steps: list[Step] = []
         self.generator = torch.Generator().manual_seed(int(self.controls["seed"].value))
         self.logits, self.seconds = self.prompt_run
+        if self.loop.cache.length > len(self.prompt_ids):      # forget the drawn tokens' keys and values
+            self.loop.cache.truncate(len(self.prompt_ids))
 
     def _run(self) -> tuple[Tensor, float]:
-        """The loop's model pass on the sequence so far: the next token's logits, and the seconds it took.  # [vocab]"""
+        """The loop's model pass on what is not cached yet: the next token's logits, and the seconds it took.
+        # [vocab]"""
         tic = time.perf_counter()
-        return self.loop.next_logits(self.ids)[1], time.perf_counter() - tic
+        self.input_len, logits = self.loop.next_logits(self.ids)
+        return logits, time.perf_counter() - tic
+
+    @property
+    def finished(self) -> bool:
+        """The end token was drawn, or the cache is full."""
+        return bool(self.steps) and (self.steps[-1].token_id in self.eos or len(self.steps) >= self.loop.max_new_tokens)
 
     def next(self) -> None:
         """Draw the next token (seeded) with the slider's temperature, append it, redraw."""
-        if self.steps and self.steps[-1].token_id in self.eos:
+        if self.finished:
             return
         sampler = Sampler(self.controls["temperature"].value, top_p=self.top_p)
         loop = replace(self.loop, sampler=sampler, generator=self.generator)
         started = time.perf_counter() - self.seconds                # the round began with its model pass
-        self.steps.append(loop.choose(len(self.steps) + 1, self.ids, len(self.ids), self.logits, started))
+        with _one_thread():                                         # one row of logits: see _one_thread
+            self.steps.append(loop.choose(len(self.steps) + 1, self.ids, self.input_len, self.logits, started))
         self.logits, self.seconds = self._run()
         self.redraw()
 
@@ -342,15 +377,24 @@ class GenerationWidget(PlotWidget):
         self._restart()
         self.redraw()
 
-    def _plot(self, temperature: float, figure: Figure | None = None) -> Figure:
-        """The table and the next distribution's bars: a new figure, or `figure` redrawn in place."""
+    def _plot(self, temperature: float, figure: Figure | None = None) -> Figure | list:
+        """The table and the next distribution's bars: a new figure, or `figure` redrawn in place (then the artists
+        it changed, for the blit)."""
         self.table.value = generation_table(self.steps, self.model.tokenizer, self.prompt_ids)._repr_html_()
-        self.controls["next"].disabled = bool(self.steps) and self.steps[-1].token_id in self.eos
+        self.controls["next"].disabled = self.finished
         title = "…" + self.model.tokenizer.decode(self.ids)[-60:].replace("\n", "↵")
         if figure is None:
-            return prob_bars(self.logits, self.model.tokenizer, temperature, top_p=self.top_p, n=self.n, title=title)
-        update_prob_bars(figure, self.logits, self.model.tokenizer, temperature, top_p=self.top_p, title=title)
-        return figure
+            figure = prob_bars(self.logits, self.model.tokenizer, temperature, top_p=self.top_p, n=self.n, title=title)
+            self._layout = figure.get_layout_engine()      # the widget keeps its first layout: kept for a relayout
+            return figure
+        changed = update_prob_bars(figure, self.logits, self.model.tokenizer, temperature, top_p=self.top_p,
+                                   title=title)
+        # The kept layout left room for the first round's token names; a longer one would be cut at the figure's
+        # edge: lay the figure out again (a full draw, a new background) for it.
+        if figure.axes[0].yaxis.get_tightbbox(_canvas(figure).get_renderer()).x0 < 0:
+            figure.set_layout_engine(self._layout)
+            self._background = None
+        return changed
 
 
 def generation_widget(model, prompt: str, chat: bool = False, temperature: float = 0.7, seed: int = 0,
