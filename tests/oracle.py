@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from llmwalk.models import REGISTRY, cache_dir
+from llmwalk.models import REGISTRY, _move_into_place, cache_dir   # the same atomic rename as the model cache
 
 FORMAT = 1              # bump when what is saved, or how it is checked, changes
 KEY = "key.json"        # written last into the staging directory: a directory without it is never used
@@ -136,15 +136,6 @@ def cached(name: str, gguf: Path, kind: Kind):
             return kind.load(out)            # what every later run gets: the checked copy, from its final place
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-
-
-def _move_into_place(staging: Path, out: Path) -> None:
-    """Rename `staging` to `out`, first moving an old `out` aside (a reader sees the old or the new, never a half)."""
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f"{out.name}.old-", dir=out.parent))
-        out.rename(old / out.name)
-        shutil.rmtree(old, ignore_errors=True)
-    staging.rename(out)
 
 
 # ---------------------------------------------------------------- the two kinds
