@@ -58,9 +58,13 @@ case "${1:-}" in
     # Two pytest workers, one torch thread each, keep both cores busy: much of the suite is single-threaded Python
     # (plots, tokenizers, notebook kernels), and two workers with two threads each would fight for the cores.
     # Each file (a notebook, a test module) stays on one worker. LLMWALK_WORKERS=0 runs everything in one process.
+    # Files go to the workers in the order named, the notebooks (the longest files) first: a long file handed out
+    # last would run on one worker while the other sits idle (xdist's default order, most tests first, does that to
+    # the browser test's three long tests).
     parallel=(-n "${LLMWALK_WORKERS:-2}" --dist loadfile)
     status=0
-    OMP_NUM_THREADS=1 "$VENV/bin/python" -m pytest tests notebooks "${nbval[@]}" "${parallel[@]}" "$@" || status=$?
+    OMP_NUM_THREADS=1 "$VENV/bin/python" -m pytest notebooks tests "${nbval[@]}" "${parallel[@]}" --no-loadscope-reorder \
+      "$@" || status=$?
     # The stored outputs must hold on every CPU, not only on the one that recorded them. torch's results change
     # with the SIMD kernels it picks and the number of threads that split a sum: the notebooks were recorded with two
     # threads, the pass above reads them with this CPU's kernels and one thread, and they run once more with

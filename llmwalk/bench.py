@@ -95,6 +95,9 @@ def load_llama_cpp(name: str, context: int):
 def llama_cpp_run(llm, ids: list[int], new_tokens: int) -> Run:
     """llama.cpp's greedy generation of exactly new_tokens tokens (EOS does not stop it), each timestamped."""
     def run() -> tuple[float, list[float]]:
+        # Without reset(), llama-cpp-python keeps the previous run's prompt in its KV cache and skips it, even with
+        # generate(reset=True): every run after the first would show a time to first token without the prefill.
+        llm.reset()
         start, times = time.perf_counter(), []
         tokens = llm.generate(ids, temp=0.0, reset=True)    # temp=0: greedy; the prompt is run at the first next()
         for _ in range(new_tokens):

@@ -6,8 +6,9 @@ each pytest-xdist worker used to do it again. Here the converted object is saved
 with `from_pretrained` (safetensors: seconds). The conversion itself is unchanged: the same `from_pretrained(...,
 gguf_file=...)` call as before.
 
-- Keyed to the source: key.json records the GGUF file's path, size and mtime, transformers' version and this file's
-  format version. Any mismatch converts again. It also records the saved files' sizes, so a truncated file does too.
+- Keyed to the source's content: key.json records the GGUF file's sha256 and size, transformers' version and this
+  file's format version, not where the file lies: every checkout (each with its own .venv holding SmolLM2's GGUF)
+  shares one conversion. Any mismatch converts again. It also records the saved files' sizes, so a truncated file does too.
 - Checked before use: after saving, the copy is loaded back and compared with the fresh conversion (model: class,
   config, generation config, every state_dict tensor bit for bit, tied LM head; tokenizer: ids, pieces and decoding
   of a few texts, Chinese included, special tokens, chat template). Only a copy that passes is renamed into place, so
@@ -28,9 +29,9 @@ from typing import Any, Callable
 
 import torch
 
-from llmwalk.models import REGISTRY, _move_into_place, cache_dir   # the same atomic rename as the model cache
+from llmwalk.models import REGISTRY, _move_into_place, cache_dir, sha256_of   # the model cache's rename and hash
 
-FORMAT = 1              # bump when what is saved, or how it is checked, changes
+FORMAT = 2              # bump when what is saved, or how it is checked, changes
 KEY = "key.json"        # written last into the staging directory: a directory without it is never used
 CHECK_TEXTS = ["The capital of France is Paris.", "法国的首都是什么", "人工智能 ChatGPT 巴黎 首都",
                "def f(x):\n    return x ** 2  # square\n", "emoji: 🙂👍🏽 and 🇫🇷!",
@@ -60,8 +61,7 @@ def transformers_version() -> str:
 
 
 def source_key(gguf: Path) -> dict:
-    st = Path(gguf).stat()
-    return {"format": FORMAT, "source": str(Path(gguf).resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns,
+    return {"format": FORMAT, "sha256": sha256_of(Path(gguf)), "size": Path(gguf).stat().st_size,
             "transformers": transformers_version()}
 
 

@@ -119,3 +119,35 @@ def test_bench_prefill_table(run_bench):
         assert ours > 0 and theirs > 0
         # the seconds are printed rounded to 1 ms: the ratio must lie within what that rounding allows
         assert (theirs - 5e-4) / (ours + 5e-4) - 0.005 <= ratio <= (theirs + 5e-4) / (ours - 5e-4) + 0.005
+
+
+class PrefixCachingLlama:
+    """What llama-cpp-python's Llama.generate does with a prompt it has seen: the common prefix with the previous
+    run's tokens stays in its KV cache and is not evaluated again (reset=True or not), unless reset() came first."""
+
+    def __init__(self):
+        self.n_tokens, self.previous, self.evaluated = 0, [], []
+
+    def reset(self):
+        self.n_tokens = 0
+
+    def generate(self, tokens, temp, reset=True):
+        tokens = list(tokens)
+        prefix = 0
+        if self.n_tokens > 0:
+            while prefix < min(len(tokens) - 1, len(self.previous)) and tokens[prefix] == self.previous[prefix]:
+                prefix += 1
+        self.evaluated.append(len(tokens) - prefix)
+        self.previous, self.n_tokens = tokens, len(tokens)
+        while True:
+            yield 0
+
+
+def test_llama_cpp_runs_the_whole_prompt_every_time():
+    """Interleaved repeats of one prompt: each llama.cpp run must prefill it again, or its time to first token
+    would measure no prefill at all."""
+    llm, ids = PrefixCachingLlama(), list(range(40))
+    run = bench.llama_cpp_run(llm, ids, 3)
+    ttft, seconds = run()
+    run()
+    assert llm.evaluated == [40, 40] and len(seconds) == 2

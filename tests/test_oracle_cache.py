@@ -2,6 +2,7 @@
 in place of the minutes-long GGUF conversion: when it converts, when it must not, how concurrent callers share one
 conversion, and that a copy that does not reload identically never becomes the oracle."""
 import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -60,7 +61,7 @@ def same_weights(a, b) -> bool:
 
 @pytest.fixture
 def source(tmp_path, monkeypatch):
-    """A stand-in GGUF file (the cache keys on its size and mtime, not its content) and a private cache."""
+    """A stand-in GGUF file (the cache keys on its content, sha256 and size) and a private cache."""
     monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF" + bytes(60))
@@ -77,7 +78,7 @@ def test_first_use_converts_saves_and_a_matching_key_never_converts_again(source
     assert convert.calls == 1 and same_weights(first, tiny_llama())
     out = oracle.root() / "tiny"
     key = json.loads((out / oracle.KEY).read_text())
-    assert key["size"] == source.stat().st_size and key["mtime_ns"] == source.stat().st_mtime_ns
+    assert key["size"] == source.stat().st_size and key["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
     assert key["transformers"] == oracle.transformers_version() and "model.safetensors" in key["files"]
     again = oracle.cached("tiny", source, fake_model_kind(never))
     assert same_weights(again, first)
@@ -86,13 +87,23 @@ def test_first_use_converts_saves_and_a_matching_key_never_converts_again(source
     assert sorted(p.name for p in oracle.root().iterdir()) == ["tiny", "tiny.lock"]           # no staging left
 
 
-@pytest.mark.parametrize("change", ["mtime", "size", "transformers"])
+def test_the_same_file_elsewhere_or_touched_shares_the_conversion(source, tmp_path):
+    """Each checkout has its own copy of SmolLM2's GGUF (inside its .venv): the same bytes, converted once."""
+    oracle.cached("tiny", source, fake_model_kind(Converter()))
+    copy = tmp_path / "other-checkout" / "model.gguf"
+    copy.parent.mkdir()
+    copy.write_bytes(source.read_bytes())
+    st = source.stat()
+    os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert same_weights(oracle.cached("tiny", copy, fake_model_kind(never)), tiny_llama())
+
+
+@pytest.mark.parametrize("change", ["content", "size", "transformers"])
 def test_a_key_mismatch_converts_again(source, monkeypatch, change):
     convert = Converter()
     oracle.cached("tiny", source, fake_model_kind(convert))
-    if change == "mtime":
-        st = source.stat()
-        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    if change == "content":                                           # same size, other bytes
+        source.write_bytes(b"GGUF" + bytes(59) + b"x")
     elif change == "size":
         source.write_bytes(source.read_bytes() + b"x")
     else:

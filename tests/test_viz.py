@@ -404,6 +404,22 @@ def test_sampling_widget_follows_its_twin(sampler, logits, tok):
     assert signature(figure) == signature(viz.sampling_panel(logits, tok, 1.3, 10, 0.9, 0.05, n=6))
 
 
+def test_png_of_an_uncropped_figure_holds_exactly_the_canvas_pixels():
+    """The widgets' own PNG writer (no row filters, fast deflate): PIL decodes it to the very pixels drawn."""
+    from io import BytesIO
+
+    from PIL import Image
+    fig = Figure(figsize=(3.1, 1.7), dpi=77)                    # odd sizes: no row or column to spare
+    ax = fig.subplots()
+    ax.imshow(np.random.default_rng(0).random((9, 13)), cmap="viridis")
+    ax.set_title("héllo · ∑")
+    data = viz.png(fig, crop=False)
+    image = Image.open(BytesIO(data))
+    assert image.format == "PNG" and image.mode == "RGB" and image.size == fig.canvas.get_width_height()
+    rgba = np.asarray(fig.canvas.buffer_rgba())
+    assert np.array_equal(np.asarray(image), rgba[:, :, :3]) and rgba[:, :, :3].std() > 10
+
+
 def test_sampling_widget_blits_the_picture_of_a_full_draw(logits, tok):
     """Each move draws only the artists settings change, over pixels kept from the first one: the cut marks a move
     removes must vanish, and the picture must equal the same figure drawn whole."""

@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.transforms import Bbox  # noqa: E402
 from tokenizers import Tokenizer as HFBackend  # noqa: E402
@@ -202,16 +203,26 @@ def test_sampling_panel_bottom_panels_evenly_spaced(model, wide):
     assert len({round(b.width, 6) for b in boxes}) == 1
 
 
-def test_sampling_widget_tick_labels_never_reach_the_next_panel(model, wide):
-    """The widget keeps the gaps of its first layout (T = 1); at other settings the probability axes end elsewhere,
-    and a tick label at a panel's right end would run into the next panel's first one."""
-    w = viz.sampling_widget(wide, model.tokenizer)
-    for move in (dict(temperature=2.0, top_k=20, top_p=0.9), dict(temperature=0.3, top_k=0, top_p=1.0),
-                 dict(temperature=1.15)):
-        w.set(**move)
-        w.figure.draw_without_rendering()
-        renderer = w.figure.canvas.get_renderer()
-        boxes = [[t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
-                 for ax in w.figure.axes[1:6]]
-        for left, right in zip(boxes, boxes[1:]):
-            assert max(b.x1 for b in left) < min(b.x0 for b in right), move
+def test_surgery_writes_each_value_instead_of_x_ticks(model):
+    """Each bar of the five stages has its value written after it (a cut one says so), so the stages carry no x
+    ticks; a negative logit's bar starts at a line at 0, its value on the bar's left, inside the axes."""
+    logits = torch.full((model.config.vocab_size,), -3.0)
+    logits[:6] = torch.tensor([2.0, 1.5, 1.0, 0.5, -0.5, -1.5])
+    n = 6
+    fig = viz.surgery_plot(logits, model.tokenizer, temperature=0.5, top_k=3, top_p=0.9, n=n)
+    renderer = drawn(fig)
+    for k, (ax, step) in enumerate(zip(fig.axes, lw.sampling.surgery(logits, 0.5, 3, 0.9))):
+        assert list(ax.get_xticks()) == [], step.name
+        kept = step.logits[:n].isfinite().tolist()
+        values = (step.logits if k < 2 else step.probs)[:n].tolist()
+        fmt = "{:.2f}" if k < 2 else "{:.3f}"
+        assert [t.get_text().strip() if t.get_visible() else None for t in ax.texts[:n]] == \
+            [fmt.format(v) if f else None for v, f in zip(values, kept)], step.name
+        assert [t.get_visible() for t in ax.texts[n:]] == [not f for f in kept], step.name      # "✂ cut"
+    for ax in fig.axes[:2]:                     # logits and ÷T: bars from 0, which a line marks
+        zero, = ax.lines
+        assert list(zero.get_xdata()) == [0, 0] and ax.get_xlim()[0] < 0 < ax.get_xlim()[1]
+        assert sum(p.get_width() < 0 for p in ax.patches) == 2
+        left = [t for t in ax.texts[:n] if t.get_text().strip().startswith("-")]
+        assert len(left) == 2 and all(t.get_horizontalalignment() == "right" for t in left)
+        assert all(t.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x0 for t in left)

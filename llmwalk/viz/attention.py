@@ -166,8 +166,11 @@ def update_attention_step(fig: Figure, trace, model, layer: int, head: int, quer
     token = labels(model.tokenizer, [int(trace.ids[query])])[0].strip()
     fig.texts[0].set_text(t("viz.attention.step_title", layer=layer, head=head, group=g, token=token,
                             position=query))
-    return [ax_s, ax_w, ax_v.images[0], *ax_v.lines, *ax_v.spines.values(),     # in drawing order (zorder)
-            fig.axes[3], fig.texts[0]]                                           # axes[3]: the values' colorbar
+    # Not the token names on the y axes, nor the weights' fixed x axis: drawing those again is most of a redraw.
+    # The colorbar (axes[3]) keeps its look for any clim: only its tick labels change.
+    return [*ax_s.patches, *ax_s.lines, *ax_s.spines.values(), ax_s.xaxis, *ax_s.texts,
+            *ax_w.patches, *ax_w.lines, *ax_w.spines.values(), *ax_w.texts,
+            ax_v.images[0], *ax_v.lines, *ax_v.spines.values(), fig.axes[3].yaxis, fig.texts[0]]
 
 
 def attention_step_widget(trace, model):

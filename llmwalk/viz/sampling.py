@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 from matplotlib.transforms import ScaledTranslation
 from torch import Tensor
 
@@ -131,6 +130,9 @@ def _surgery(axes, logits: Tensor, tokenizer, n: int) -> None:
         for y in range(len(ids)):
             ax.text(0, y, t("viz.sampling.cut"), va="center", fontsize=8, color="#888", visible=False)
         ax.set_xlabel("logit" if k < 2 else t("viz.sampling.probability"), fontsize=8)
+        ax.set_xticks([])                 # every bar has its value written after it: ticks would say it twice
+        if k < 2:
+            ax.axvline(0, color="#888", lw=0.8)           # where a bar starts when a logit is negative
         ax.tick_params(labelsize=8)
         if k:
             ax.set_yticklabels([])
@@ -165,14 +167,9 @@ def _set_surgery(axes, logits: Tensor, temperature: float, top_k, top_p) -> list
             ax.set_xlim(lo - 0.2 * (hi - lo) * (lo < 0), hi + 0.2 * (hi - lo) * (hi > 0))
         else:                             # one scale for the three probability stages, room for the values
             ax.set_xlim(0, top_prob * 1.35)
-        # A few ticks, none near the right end, where a label would run into the next panel's first one (the
-        # panels sit close, and a widget keeps the gaps its first settings left).
-        lo, hi = ax.get_xlim()
-        ticks = MaxNLocator(nbins=5, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
-        ax.set_xticks(ticks[(ticks >= lo) & (ticks <= hi - 0.15 * (hi - lo))])
         ax.set_title(t("viz.sampling.stage", stage=_stage_name(step.name), kept=step.kept,
                        removed=f"{step.removed_mass:.1%}", entropy=f"{step.entropy:.2f}"), fontsize=9)
-    return [a for ax in axes[1:] for a in (*ax.patches, *ax.spines.values(), ax.xaxis, *ax.texts, ax.title)]
+    return [a for ax in axes[1:] for a in (*ax.patches, *ax.lines, *ax.spines.values(), *ax.texts, ax.title)]
 
 
 def surgery_plot(logits: Tensor, tokenizer, temperature: float = 1.0, top_k: int | None = None,

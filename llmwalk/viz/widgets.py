@@ -5,18 +5,20 @@ from __future__ import annotations
 import base64
 import io
 import re
+import struct
 import time
 import warnings
+import zlib
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable, Iterator
 
 import ipywidgets as W
+import numpy as np
 import torch
 from IPython.display import display
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from PIL import Image
 from torch import Tensor
 
 from ..cost import decode_step_flops
@@ -51,12 +53,18 @@ def _canvas(fig: Figure) -> FigureCanvasAgg:
 
 
 def _encode(canvas: FigureCanvasAgg) -> bytes:
-    """The pixels the canvas holds as PNG bytes, fast compression (a figure that redraws on every move), without
-    the alpha channel (opaque figures: a quarter less to encode)."""
-    buf = io.BytesIO()
-    image = Image.frombuffer("RGBA", canvas.get_width_height(), canvas.buffer_rgba())
-    image.convert("RGB").save(buf, format="png", compress_level=1)
-    return buf.getvalue()
+    """The pixels the canvas holds as PNG bytes, for a figure that redraws on every move: RGB (opaque figures: a
+    quarter less to write), rows unfiltered, fast deflate. Half the time of PIL's encoder, which filters every
+    row first; for the same pixels (tests/test_viz.py decodes it)."""
+    rgba = np.asarray(canvas.buffer_rgba())                     # (H, W, 4) uint8
+    height, width = rgba.shape[:2]
+    rows = np.zeros((height, 1 + 3 * width), np.uint8)          # each row: filter type 0 (none), then R G B ...
+    rows[:, 1:] = rgba[:, :, :3].reshape(height, -1)
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)   # 8-bit RGB, deflate, no filter, no interlace
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows.tobytes(), 1))
+            + chunk(b"IEND", b""))
 
 
 def _blit(fig: Figure, artists: list, background=None) -> tuple[bytes, object]:

@@ -1,4 +1,6 @@
-"""Open the notebooks in JupyterLab in a real browser, run them, move the controls, see the figures change."""
+"""Open the notebooks in JupyterLab in a real browser, run them down to a widget as a learner would, move its
+controls, see the figure change. (Every cell of every notebook also runs under nbval, in a kernel without a browser:
+the cells after the widget are checked there, so the browser stops at the widget.)"""
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -6,8 +8,9 @@ pytestmark = pytest.mark.e2e
 ERRORS = ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr'], .jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']"
 
 
-def open_and_run_all(page, lab, notebook: str) -> None:
-    """Open a notebook, start its kernel and run every cell; wait until all have finished."""
+def open_and_run_down_to(page, lab, notebook: str, code: str) -> None:
+    """Open a notebook, start its kernel and run its cells from the top down to the first one whose source holds
+    `code` (the widget's cell), with JupyterLab's own "run all above" and "run cell"; wait until they have finished."""
     page.goto(f"{lab['base']}/lab/tree/{notebook}?token={lab['token']}")
     page.wait_for_function("window.jupyterapp && document.querySelector('.jp-Notebook .jp-Cell')", timeout=120_000)
     dialog = page.locator(".jp-Dialog button.jp-mod-accept")        # "Select Kernel": take the notebook's own
@@ -17,10 +20,21 @@ def open_and_run_all(page, lab, notebook: str) -> None:
         pass
     page.wait_for_function("[...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]"
                            ".some(e => e.dataset.status === 'idle')", timeout=120_000)     # the kernel is ready
-    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+    last = page.evaluate("""async (code) => {
+        const app = window.jupyterapp, notebook = app.shell.currentWidget.content;
+        const last = notebook.widgets.findIndex(c => c.model.sharedModel.getSource().includes(code));
+        if (last < 0) return last;
+        notebook.activeCellIndex = last;
+        await app.commands.execute('notebook:run-all-above');
+        await app.commands.execute('notebook:run-cell');
+        return last; }""", code)
+    assert last >= 0, f"no cell of {notebook} holds {code!r}"
     page.wait_for_function(
-        """() => { const p = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')];
-                   return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }""", timeout=600_000)
+        """(last) => { const cells = [...document.querySelectorAll('.jp-Notebook .jp-Cell')].slice(0, last + 1);
+                       const p = cells.filter(c => c.classList.contains('jp-CodeCell'))
+                                      .map(c => c.querySelector('.jp-InputArea-prompt'));
+                       return p.length > 0 && p.every(e => /\\[\\d+\\]/.test(e.textContent)); }""",
+        arg=last, timeout=600_000)
 
 
 def widget_cell(page, label: str):
@@ -72,7 +86,7 @@ def assert_no_errors(page):
 
 
 def test_sampling_sliders_redraw_the_bars(page, lab, shots_dir):
-    open_and_run_all(page, lab, "06_sampling.ipynb")
+    open_and_run_down_to(page, lab, "06_sampling.ipynb", "sampling_widget(")
     cell = widget_cell(page, "temperature")
     cell.screenshot(path=str(shots_dir / "06_sampling_before.png"))
     before = figure(cell)
@@ -88,7 +102,7 @@ def test_sampling_sliders_redraw_the_bars(page, lab, shots_dir):
 
 
 def test_attention_layer_and_head_selectors(page, lab, shots_dir):
-    open_and_run_all(page, lab, "04_layers.ipynb")
+    open_and_run_down_to(page, lab, "04_layers.ipynb", "attention_widget(")
     cell = widget_cell(page, "layer")
     cell.screenshot(path=str(shots_dir / "04_attention_before.png"))
     before = figure(cell)
@@ -103,7 +117,7 @@ def test_attention_layer_and_head_selectors(page, lab, shots_dir):
 
 
 def test_step_through_generation_button(page, lab, shots_dir):
-    open_and_run_all(page, lab, "07_autoregressive.ipynb")
+    open_and_run_down_to(page, lab, "07_autoregressive.ipynb", "generation_widget(")
     cell = page.locator(".jp-OutputArea-output").filter(has=page.locator(".widget-button:has-text('next token')")).first
     cell.scroll_into_view_if_needed()
     cell.locator(".widget-output img").first.wait_for(timeout=120_000)
