@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .kv_cache import KVCache
 from .sampling import Sampler
-from .walk import check_ids, forward
+from .walk import check_head, check_ids, forward
 
 if TYPE_CHECKING:
     from .models import Model
@@ -196,6 +196,25 @@ def _counting(ran: list, then: Callable[[Tensor], Tensor] | None) -> Callable[[T
     return hook
 
 
+def _check_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]] | None, kv_cache: bool) -> None:
+    """Refuse interventions whose result would depend on kv_cache, or that only fit the first round's pass.
+
+    After the first round, a pass with the cache runs one new position and one without it the whole, longer
+    sequence. A mean over positions (hook.sequence == "whole") is then that one position itself, a no-op; a patch
+    (hook.sequence == n, the source prompt's length) finds no pass of n tokens to line up with.
+    """
+    for name, fn in (hooks or {}).items() if isinstance(hooks, Mapping) else ():
+        need = getattr(fn, "sequence", None)
+        if need == "whole" and kv_cache:
+            raise ValueError(f"hook {name!r}: mean ablation needs the whole sequence: pass kv_cache=False (with the "
+                             "cache each round after the first runs 1 new position, and its mean is itself)")
+        if isinstance(need, int):
+            raise ValueError(f"hook {name!r} patches from a source prompt of {need} tokens, and only generate's first "
+                             "pass has that many: later passes run 1 token with the KV cache (the whole, longer "
+                             "sequence without it). Patch a single pass instead: lw.forward(model, ids, hooks=...) "
+                             "or iv.next_token_probs")
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -226,9 +245,8 @@ def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, *, max_new_tok
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if not _is_int(top_n) or top_n < 0:
         raise ValueError(f"top_n must be an int >= 0, got {top_n!r}")
-    if head is not None and head.shape != model.weights.output.shape:
-        raise ValueError(f"head has shape {tuple(head.shape)}, expected {tuple(model.weights.output.shape)}: "
-                         "make it with decoding_head(model) for this model")
+    check_head(model, head)
+    _check_hooks(hooks, kv_cache)
     if seed is not None and generator is not None:
         raise ValueError("pass seed= or generator=, not both")
     if seed is not None and not _is_int(seed):

@@ -9,13 +9,15 @@ writes on average, with what it says about *this* position removed).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+import sys
+import warnings
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from .i18n import t
-from .walk import Trace, forward
+from .walk import Trace, check_ids, forward
 
 if TYPE_CHECKING:
     from .models import Model
@@ -23,32 +25,72 @@ if TYPE_CHECKING:
 Hooks = dict[str, Callable[[Tensor], Tensor]]
 
 
-def _ablated(a: Tensor, how: str) -> Tensor:
-    """0, or the mean over positions (dim -2), in a's shape.  # [..., T, d] -> [..., T, d]"""
-    if how == "zero":
-        return torch.zeros_like(a)
-    if how == "mean":
-        return a.mean(-2, keepdim=True).expand_as(a)
-    raise ValueError(f"how={how!r}: use 'zero' or 'mean'")
+class NoEffectWarning(UserWarning):
+    """An intervention left what it was meant to change as it was: its result is the plain run's."""
+
+
+def _index(value, what: str) -> int:
+    """A layer, head or position: an int >= 0 (a negative one would silently count from the end)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{what} must be >= 0, got {value}: they count from 0 (a negative {what} would silently "
+                         "count from the end)")
+    return value
+
+
+def _ablation(how: str, what: str) -> Callable[[Tensor], Tensor]:
+    """a -> 0, or a -> its mean over positions (dim -2), in a's shape, warning when that is `a` itself.
+
+    # [..., T, d] -> [..., T, d]
+    """
+    if how not in ("zero", "mean"):
+        raise ValueError(f"how={how!r}: use 'zero' or 'mean'")
+
+    def ablated(a: Tensor) -> Tensor:
+        out = torch.zeros_like(a) if how == "zero" else a.mean(-2, keepdim=True).expand_as(a)
+        if torch.equal(out, a):
+            warnings.warn(f"{what} changed nothing: the activation already is its {how} ablation ("
+                          + ("0 at every position" if how == "zero" else
+                             "the same at every position; a single position is its own mean") + ")",
+                          NoEffectWarning, stacklevel=2)
+        return out
+    return ablated
+
+
+def _marked(fn: Callable[[Tensor], Tensor], sequence) -> Callable[[Tensor], Tensor]:
+    """fn, with what it needs of a pass (generation._check_hooks): "whole" (a mean over every position) or n (a
+    patch lines up with a source prompt of n tokens)."""
+    fn.sequence = sequence
+    return fn
 
 
 def ablate_head(layer: int, head: int, how: str = "zero") -> Hooks:
     """Remove one head of one layer: its mix of values, before W_O, set to 0 (or its mean)."""
+    _index(layer, "layer")
+    _index(head, "head")
+    ablated = _ablation(how, f"ablate_head({layer}, {head}, {how!r})")
+
     def hook(z: Tensor) -> Tensor:                        # [n_head, T, d_head]
+        if head >= z.shape[0]:
+            raise ValueError(f"ablate_head({layer}, {head}): layer {layer} has {z.shape[0]} heads: "
+                             f"use head 0..{z.shape[0] - 1}")
         z = z.clone()
-        z[head] = _ablated(z[head], how)
+        z[head] = ablated(z[head])
         return z
-    return {f"blocks.{layer}.attn.z": hook}
+    return {f"blocks.{layer}.attn.z": _marked(hook, "whole" if how == "mean" else None)}
 
 
 def ablate_attention(layer: int, how: str = "zero") -> Hooks:
     """Remove what one layer's attention adds to the residual stream (all its heads)."""
-    return {f"blocks.{layer}.attn_out": lambda a: _ablated(a, how)}
+    ablated = _ablation(how, f"ablate_attention({_index(layer, 'layer')}, {how!r})")
+    return {f"blocks.{layer}.attn_out": _marked(ablated, "whole" if how == "mean" else None)}
 
 
 def ablate_ffn(layer: int, how: str = "zero") -> Hooks:
     """Remove what one layer's FFN adds to the residual stream."""
-    return {f"blocks.{layer}.ffn_out": lambda a: _ablated(a, how)}
+    ablated = _ablation(how, f"ablate_ffn({_index(layer, 'layer')}, {how!r})")
+    return {f"blocks.{layer}.ffn_out": _marked(ablated, "whole" if how == "mean" else None)}
 
 
 def patch(source: Trace, layer: int, position: int, point: str = "resid") -> Hooks:
@@ -56,42 +98,66 @@ def patch(source: Trace, layer: int, position: int, point: str = "resid") -> Hoo
 
     point="resid": the residual stream entering `layer` (layer = n_layer: what leaves the last layer);
     point="ffn_out": what layer's FFN adds to the stream. Both prompts must have the same number of tokens, so
-    that position i means the same slot in both.
+    that position i means the same slot in both. A position where both prompts already agree (a shared
+    prefix) changes nothing, as it should: the pass's trace.unchanged names it. A source that agrees everywhere
+    (the same prompt) warns.
     """
-    n_layer = len(source.layers)
+    if not isinstance(source, Trace):
+        raise TypeError(f"source must be a trace, got {type(source).__name__}: e.g. lw.forward(model, other_ids)")
+    resid, n, n_layer = source.resid, len(source.ids), len(source.layers)    # resid: refused when record=False
     if point == "resid" and 0 <= layer <= n_layer:
-        value = source.resid[layer][position]                                     # [d_model]
+        full = resid[layer]                                                    # [T, d_model]
         name = f"blocks.{layer}.resid_pre" if layer < n_layer else f"blocks.{n_layer - 1}.resid_post"
     elif point == "ffn_out" and 0 <= layer < n_layer:
-        value, name = source.layers[layer].ffn_out[position], f"blocks.{layer}.ffn_out"
+        full, name = source.layers[layer].ffn_out, f"blocks.{layer}.ffn_out"
     else:
         raise ValueError(f"cannot patch point={point!r} at layer {layer}: use point='resid' with layer 0..{n_layer} "
                          f"or point='ffn_out' with layer 0..{n_layer - 1}")
+    if _index(position, "position") >= n:
+        raise ValueError(f"position {position} is outside the source prompt's {n} tokens: use 0..{n - 1}")
 
     def hook(x: Tensor) -> Tensor:                        # [T, d_model]
-        if x.shape[0] != len(source.ids):
-            raise ValueError(f"the source prompt has {len(source.ids)} tokens and this one {x.shape[0]}: patch "
-                             "between prompts of the same token count, so that positions line up")
+        if x.shape[0] != n:
+            raise ValueError(f"the source prompt has {n} tokens and this pass runs {x.shape[0]}: patch between "
+                             "prompts of the same token count, so that positions line up (a pass with a KV cache "
+                             "runs only its new positions: patch without one)")
+        if torch.equal(x, full):
+            warnings.warn(f"patch(source, {layer}, {position}, {point!r}) changed nothing: the source's activations "
+                          "equal this prompt's at every position (the same prompt?): patch from another prompt's "
+                          "trace", NoEffectWarning, stacklevel=2)
         x = x.clone()
-        x[position] = value
+        x[position] = full[position]
         return x
-    return {name: hook}
+    return {name: _marked(hook, n)}
 
 
 def combine(*hooks: Hooks) -> Hooks:
     """Several interventions at once (one function per hook point, applied in the order given)."""
     out: Hooks = {}
     for h in hooks:
+        if not isinstance(h, Mapping):
+            raise TypeError(f"combine takes the hook dicts that ablate_head, patch, ... return, got "
+                            f"{type(h).__name__}: e.g. combine(iv.ablate_ffn(0), iv.ablate_ffn(1))")
         for name, fn in h.items():
-            out[name] = fn if name not in out else (lambda a, f=out[name], g=fn: g(f(a)))
+            out[name] = fn if name not in out else _then(out[name], fn)
     return out
+
+
+def _then(f: Callable[[Tensor], Tensor], g: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+    """g after f, needing of a pass what either needs."""
+    return _marked(lambda a: g(f(a)), getattr(f, "sequence", None) or getattr(g, "sequence", None))
 
 
 def next_token_probs(model: "Model", ids: Sequence[int] | Tensor, tokens: Sequence[int],
                      hooks: Hooks | None = None) -> Tensor:
     """P(each of `tokens`) as the next token after `ids`, with the interventions `hooks`.  # -> [len(tokens)]"""
+    try:
+        tokens = check_ids(tokens, model.config.vocab_size, sys.maxsize)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"tokens (the ids whose probabilities to return, e.g. [model.tokenizer.token_id(' Paris')]): "
+                      f"{e}") from None
     trace = forward(model, ids, record=False, last_only=True, hooks=hooks)
-    return torch.softmax(trace.logits[0].float(), dim=-1)[list(tokens)]
+    return torch.softmax(trace.logits[0].float(), dim=-1)[tokens]
 
 
 def effects(model: "Model", ids: Sequence[int] | Tensor, tokens: Sequence[int],
@@ -116,6 +182,9 @@ def patching_grid(model: "Model", ids: Sequence[int] | Tensor, source: Trace, to
 
 def subject_position(ids: Sequence[int] | Tensor, other: Sequence[int] | Tensor) -> int:
     """The one position where two prompts of the same token count differ (" France" vs " Germany")."""
+    if any(isinstance(x, (str, bytes)) for x in (ids, other)):
+        raise TypeError("subject_position compares token ids, got text: encode both prompts first, "
+                        "e.g. model.tokenizer.encode('The capital of France is')")
     a, b = torch.as_tensor(ids), torch.as_tensor(other)
     diff = (a != b).nonzero().flatten().tolist() if a.shape == b.shape else []
     if len(diff) != 1:

@@ -36,6 +36,7 @@ class Trace:
     final: Tensor                   # [T, d_model] after the final norm
     logits: Tensor                  # [T, vocab] ([1, vocab] with last_only)
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
+    unchanged: tuple[str, ...] = ()  # hook points whose hook returned the activation it was given, unchanged
 
     def _recorded(self, what: str) -> list[BlockOut]:
         if not self.layers:
@@ -70,6 +71,9 @@ def check_ids(ids: Sequence[int] | Tensor, vocab_size: int, context_length: int,
     try:
         ids = None if isinstance(ids, (str, bytes, bytearray)) else torch.as_tensor(ids)
     except (TypeError, ValueError, RuntimeError):
+        if isinstance(ids, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            # a list of ints torch could not hold (int64 overflows, e.g. 2**70): a range error, not a type error
+            raise ValueError(_outside(next(i for i in ids if not 0 <= i < vocab_size), vocab_size)) from None
         ids = None
     if ids is None or ids.dtype == torch.bool:
         raise TypeError(f"token ids must be a list of ints or an int tensor, got {kind}: "
@@ -85,12 +89,16 @@ def check_ids(ids: Sequence[int] | Tensor, vocab_size: int, context_length: int,
     ids = ids.long().reshape(-1)      # a single id (0-d) is a sequence of one
     bad = ids[(ids < 0) | (ids >= vocab_size)]
     if bad.numel():
-        raise ValueError(f"token id {int(bad[0])} is outside the vocabulary [0, {vocab_size}): "
-                         "were these ids made by another model's tokenizer?")
+        raise ValueError(_outside(int(bad[0]), vocab_size))
     if already + ids.numel() > context_length:
         raise ValueError(f"sequence of {already + ids.numel()} tokens is longer than the context length "
                          f"{context_length}: shorten the prompt")
     return ids
+
+
+def _outside(token_id: int, vocab_size: int) -> str:
+    return (f"token id {token_id} is outside the vocabulary [0, {vocab_size}): "
+            "were these ids made by another model's tokenizer?")
 
 
 RECORD_BUDGET = 2 * 2**30   # bytes a recorded trace may take by default: a laptop keeps working
@@ -108,17 +116,62 @@ def record_bytes(config: Config, t: int, s: int | None = None, dtype: torch.dtyp
     return config.n_layer * per_layer * torch.finfo(dtype).bits // 8
 
 
-def _check_budget(config: Config, t: int, s: int, dtype: torch.dtype, budget: int | None) -> None:
-    """Refuse a recorded pass that would keep more than `budget` bytes, before computing anything."""
-    need = record_bytes(config, t, s, dtype)
-    if budget is None or need <= budget:
+def pass_bytes(config: Config, t: int, s: int | None = None, dtype: torch.dtype = torch.float32, *,
+               record: bool = True, last_only: bool = False) -> int:
+    """Bytes a forward pass keeps: its logits ([t, vocab], [1, vocab] with last_only; for Gemma's 262,144-token
+    vocabulary they outweigh everything else) and, when recorded, record_bytes."""
+    logits = (1 if last_only else t) * config.vocab_size * torch.finfo(dtype).bits // 8
+    return logits + (record_bytes(config, t, s, dtype) if record else 0)
+
+
+def _check_budget(config: Config, t: int, s: int, dtype: torch.dtype, budget: float | None, *,
+                  record: bool, last_only: bool) -> None:
+    """Refuse a pass that would keep more than `budget` bytes (pass_bytes), before computing anything."""
+    if budget is None:
         return
-    fits = next(n for n in range(t, 0, -1) if record_bytes(config, n, n, dtype) <= budget) if s == t else None
-    shorter = f"a prompt of at most {fits} tokens, " if fits else ""
-    raise ValueError(f"recording every layer's intermediates for {t} tokens would keep {need / 2**30:.1f} GB "
-                     f"(the {s}×{s} attention weights of {config.n_layer} layers × {config.n_head} heads), more "
-                     f"than max_record_bytes={budget / 2**30:.1f} GB: pass record=False to keep only the logits, "
-                     f"use {shorter}or raise max_record_bytes (None: no limit) if the machine has the memory")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget != budget:
+        raise TypeError(f"max_record_bytes must be a number of bytes or None (no limit), got {budget!r}: "
+                        "e.g. max_record_bytes=4 * 2**30")
+    need = pass_bytes(config, t, s, dtype, record=record, last_only=last_only)
+    if need <= budget:
+        return
+    fits = next((n for n in range(t - 1, 0, -1)
+                 if pass_bytes(config, n, n, dtype, record=record, last_only=last_only) <= budget), None) \
+        if s == t else None
+    fixes = ["pass record=False to keep only the logits"] if record else []
+    fixes += [] if last_only else ["last_only=True to keep only the last position's logits"]
+    fixes += [f"use a prompt of at most {fits} tokens"] if fits else []
+    what = (f"recording every layer's intermediates for {t} tokens (the {t}×{s} attention weights of "
+            f"{config.n_layer} layers × {config.n_head} heads) and their logits" if record
+            else f"the logits of {1 if last_only else t} positions × {config.vocab_size} tokens")
+    raise ValueError(f"{what} would keep {need / 2**30:.1f} GB, more than max_record_bytes={budget / 2**30:.1f} GB: "
+                     f"{', '.join(fixes + [''])}or raise max_record_bytes (None: no limit) if the machine has "
+                     "the memory")
+
+
+def check_head(model: "Model", head: Tensor | None) -> None:
+    """A replacement LM head must be the model's own table in another memory order (generation.decoding_head)."""
+    if head is None:
+        return
+    if not isinstance(head, Tensor) or head.shape != model.weights.output.shape:
+        got = tuple(head.shape) if isinstance(head, Tensor) else type(head).__name__
+        raise ValueError(f"head is {got}, expected a tensor of shape {tuple(model.weights.output.shape)}: "
+                         "make it with decoding_head(model) for this model")
+
+
+def _check_cache(config: Config, cache: KVCache | None) -> None:
+    """A cache holds one model's keys: as many layers, key heads and head size as this model's."""
+    if cache is None:
+        return
+    if not isinstance(cache, KVCache):
+        raise TypeError(f"cache must be a KVCache, got {type(cache).__name__}: "
+                        "make one with lw.KVCache.empty(model.config, capacity)")
+    keys = cache.layers[0].keys if cache.layers else None
+    heads = (keys.shape[0], keys.shape[2]) if keys is not None else (config.n_kv_head, config.d_head)
+    if len(cache.layers) != config.n_layer or heads != (config.n_kv_head, config.d_head):
+        raise ValueError(f"this KV cache was made for another model ({len(cache.layers)} layers, {heads[0]} key "
+                         f"heads of size {heads[1]}; {config.name} has {config.n_layer}, {config.n_kv_head} and "
+                         f"{config.d_head}): make one with lw.KVCache.empty(model.config, capacity)")
 
 
 @torch.inference_mode()
@@ -135,15 +188,18 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     (generation.decoding_head).
     `hooks` maps a hook point "blocks.{i}.{point}" (see layers.block_forward) to a function that returns the
     activation to use instead: the model then runs on (and the trace records) what the hook returned.
-    A recorded pass that would keep more than `max_record_bytes` (record_bytes) is refused before it starts.
+    A pass that would keep more than `max_record_bytes` (pass_bytes: the logits, and the intermediates when
+    recorded) is refused before it starts. trace.unchanged names the hooks that returned what they were given.
     """
     config, w = model.config, model.weights
+    _check_cache(config, cache)
+    check_head(model, head)
     start = cache.length if cache is not None else 0
     ids = check_ids(ids, config.vocab_size, config.context_length, start)
     t = ids.numel()
-    if record:
-        _check_budget(config, t, start + t, w.token_embd.dtype, max_record_bytes)
-    layer_hooks = _layer_hooks(hooks or {}, config.n_layer)
+    _check_budget(config, t, start + t, w.token_embd.dtype, max_record_bytes, record=record, last_only=last_only)
+    unchanged: list[str] = []
+    layer_hooks = _layer_hooks(hooks, config.n_layer, unchanged)
     positions = torch.arange(start, start + t)
     seconds: dict[str, float] = {}
 
@@ -180,23 +236,47 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     tic = time.perf_counter()
     logits = lm_head(final, w.output if head is None else head)
     seconds["lm head"] = time.perf_counter() - tic
-    return Trace(ids, positions, tok, pos, x0, layers, final, logits, seconds)
+    return Trace(ids, positions, tok, pos, x0, layers, final, logits, seconds, tuple(unchanged))
 
 
 HOOK_POINTS = ("resid_pre", "attn.z", "attn_out", "ffn_out", "resid_post")
 
 
-def _layer_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]], n_layer: int) -> list:
-    """One (point, activation) -> activation function per layer from {"blocks.{i}.{point}": fn}; None where unhooked."""
+def _layer_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]] | None, n_layer: int, unchanged: list[str]) -> list:
+    """One (point, activation) -> activation function per layer from {"blocks.{i}.{point}": fn}; None where unhooked.
+
+    The names of hooks that return their activation unchanged are appended to `unchanged`.
+    """
+    if hooks is not None and not isinstance(hooks, Mapping):
+        raise TypeError(f"hooks must be a dict {{'blocks.{{i}}.{{point}}': function}}, got {type(hooks).__name__}: "
+                        "e.g. hooks=iv.ablate_head(23, 4)")
     per_layer: list[dict] = [{} for _ in range(n_layer)]
-    for name, fn in hooks.items():
-        parts = name.split(".", 2)
+    for name, fn in (hooks or {}).items():
+        parts = name.split(".", 2) if isinstance(name, str) else []
         if len(parts) != 3 or parts[0] != "blocks" or not parts[1].isdigit() or int(parts[1]) >= n_layer \
                 or parts[2] not in HOOK_POINTS:
             raise ValueError(f"unknown hook point {name!r}: use 'blocks.{{i}}.{{point}}' with 0 <= i < {n_layer} "
                              f"and point one of {', '.join(HOOK_POINTS)}")
-        per_layer[int(parts[1])][parts[2]] = fn
+        if not callable(fn):
+            raise TypeError(f"hook {name!r} is a {type(fn).__name__}, not a function: pass a function that takes "
+                            "the activation and returns the one to use instead, e.g. lambda a: a * 0")
+        per_layer[int(parts[1])][parts[2]] = _checked(name, fn, unchanged)
     return [(lambda point, a, h=h: h[point](a) if point in h else a) if h else None for h in per_layer]
+
+
+def _checked(name: str, fn: Callable[[Tensor], Tensor], unchanged: list[str]) -> Callable[[Tensor], Tensor]:
+    """fn, given a copy of the activation (an in-place change must not rewrite what the trace recorded before
+    the hook), and its answer checked: a tensor of the same shape and dtype, noted in `unchanged` if equal."""
+    def hook(a: Tensor) -> Tensor:
+        out = fn(a.clone())
+        if not isinstance(out, Tensor) or out.shape != a.shape or out.dtype != a.dtype:
+            got = f"{tuple(out.shape)} {out.dtype}" if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(f"hook {name!r} returned {got}, expected a tensor like its input, {tuple(a.shape)} "
+                             f"{a.dtype}: return the activation to use instead (modified, or a new one of that shape)")
+        if torch.equal(out, a):
+            unchanged.append(name)
+        return out
+    return hook
 
 
 # ---------------------------------------------------------------- one prompt's journey, stage by stage

@@ -185,7 +185,7 @@ def test_a_recorded_pass_past_the_budget_is_refused_before_it_starts(smollm2):
     assert lw.walk.record_bytes(c, 4096) > 16 * 2**30          # the issue's ~20 GB at 4096 tokens
     with pytest.raises(ValueError, match=r"record=False.*at most \d+ tokens"):
         lw.forward(smollm2, [1] * 4096)
-    fits = lw.walk.record_bytes(c, 64)
+    fits = lw.walk.pass_bytes(c, 64)                          # the intermediates and the [64, vocab] logits
     with pytest.raises(ValueError, match="max_record_bytes"):
         lw.forward(smollm2, [1] * 65, max_record_bytes=fits)
     assert lw.forward(smollm2, [1] * 64, max_record_bytes=fits).attn.shape == (c.n_layer, c.n_head, 64, 64)
