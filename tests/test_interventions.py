@@ -1,4 +1,6 @@
 """Interventions through forward's hooks: each against the plain forward pass or a hand computation."""
+import warnings
+
 import pytest
 import torch
 
@@ -22,11 +24,100 @@ def test_no_intervention_equals_plain_forward(smollm2, france):
     assert torch.equal(lw.forward(smollm2, france, hooks={}).logits, plain.logits)
 
 
-def test_patching_a_prompt_into_itself_changes_nothing(smollm2, france):
+def test_patching_a_prompt_into_itself_changes_nothing_and_says_so(smollm2, france):
     plain = lw.forward(smollm2, france)
     for layer, pos, point in [(0, 3, "resid"), (12, 4, "resid"), (30, 4, "resid"), (5, 3, "ffn_out")]:
-        patched = lw.forward(smollm2, france, hooks=iv.patch(plain, layer, pos, point))
+        with pytest.warns(iv.NoEffectWarning, match=rf"patch\(source, {layer}, {pos}, '{point}'\) changed nothing"):
+            patched = lw.forward(smollm2, france, hooks=iv.patch(plain, layer, pos, point))
         assert torch.equal(patched.logits, plain.logits)
+        assert len(patched.unchanged) == 1
+
+
+def test_a_patch_where_the_prompts_agree_is_silent_but_named_in_the_trace(smollm2, france):
+    """Patching a shared prefix position changes nothing, as it should (patching_grid's first columns, notebook
+    05's loop): no warning, and trace.unchanged names the hook point; the differing position is not named."""
+    source = lw.forward(smollm2, smollm2.tokenizer.encode(GERMANY))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        same = lw.forward(smollm2, france, hooks=iv.patch(source, 12, 1))
+        moved = lw.forward(smollm2, france, hooks=iv.patch(source, 12, 3))
+    assert same.unchanged == ("blocks.12.resid_pre",)
+    assert moved.unchanged == ()
+
+
+def test_an_ablation_that_changes_nothing_warns(smollm2, france):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lw.forward(smollm2, france, hooks=iv.ablate_head(0, 0))           # a real change: no warning
+    twice = iv.combine(iv.ablate_head(0, 0), iv.ablate_head(0, 0))        # the second finds the head already 0
+    with pytest.warns(iv.NoEffectWarning, match=r"ablate_head\(0, 0, 'zero'\) changed nothing"):
+        lw.forward(smollm2, france, hooks=twice)
+    with pytest.warns(iv.NoEffectWarning, match=r"ablate_ffn\(3, 'mean'\) changed nothing.*single position"):
+        lw.forward(smollm2, france[:1], hooks=iv.ablate_ffn(3, "mean"))   # one position is its own mean
+
+
+def test_user_hooks_that_change_nothing_are_named_and_in_place_changes_spare_the_trace(smollm2, france):
+    t = lw.forward(smollm2, france, hooks={"blocks.2.ffn_out": lambda a: a, "blocks.4.attn_out": lambda a: a * 2,
+                                           "blocks.0.resid_pre": lambda a: a.add_(1)})
+    assert t.unchanged == ("blocks.2.ffn_out",)
+    plain = lw.forward(smollm2, france)
+    assert torch.equal(t.x0, plain.x0) and torch.equal(t.tok_emb, plain.tok_emb)   # add_ hit a copy...
+    expected = lw.norm(plain.x0 + 1, smollm2.weights.blocks[0].attn_norm, smollm2.config)
+    torch.testing.assert_close(t.layers[0].attn_in, expected)                      # ...which the model ran on
+
+
+def test_mean_ablation_is_refused_with_the_kv_cache_and_follows_forward_without_it(smollm2, france):
+    mean = iv.ablate_ffn(0, "mean")
+    for hooks in (mean, iv.combine(iv.ablate_ffn(0), mean), iv.ablate_head(2, 1, "mean"), iv.ablate_attention(3, "mean")):
+        with pytest.raises(ValueError, match="mean ablation needs the whole sequence: pass kv_cache=False"):
+            lw.generate(smollm2, france, 3, hooks=hooks, stop_at_eos=False)
+    # Without the cache every round reruns the whole sequence, each round's mean taken over all of it.
+    out = lw.generate(smollm2, france, 3, hooks=mean, kv_cache=False, stop_at_eos=False)
+    ids = list(france)
+    for _ in range(3):
+        ids.append(int(lw.forward(smollm2, ids, hooks=mean).logits[-1].argmax()))
+    assert out.new_ids == ids[len(france):]
+    assert out.new_ids != lw.generate(smollm2, france, 3, stop_at_eos=False).new_ids    # the ablation did act
+
+
+def test_zero_ablation_gives_the_same_tokens_with_and_without_the_kv_cache(smollm2, france):
+    hooks = iv.combine(iv.ablate_ffn(0), iv.ablate_head(23, 4))
+    cached = lw.generate(smollm2, france, 6, hooks=hooks, stop_at_eos=False)
+    assert cached.new_ids == lw.generate(smollm2, france, 6, hooks=hooks, kv_cache=False, stop_at_eos=False).new_ids
+    assert cached.new_ids != lw.generate(smollm2, france, 6, stop_at_eos=False).new_ids
+
+
+def test_a_patch_under_generate_is_refused_naming_the_later_passes(smollm2, france):
+    source = lw.forward(smollm2, smollm2.tokenizer.encode(GERMANY))
+    for kv_cache in (True, False):
+        with pytest.raises(ValueError, match="only generate's first pass has that many: later passes run 1 token"):
+            lw.generate(smollm2, france, 3, hooks=iv.combine(iv.ablate_ffn(0), iv.patch(source, 3, 0)),
+                        kv_cache=kv_cache)
+    cache = lw.KVCache.empty(smollm2.config, 8)
+    lw.forward(smollm2, france, cache, record=False)
+    with pytest.raises(ValueError, match="has 5 tokens and this pass runs 1.*KV cache runs only its new positions"):
+        lw.forward(smollm2, [11], cache, hooks=iv.patch(source, 3, 0))
+
+
+def test_hooks_on_the_fast_path_equal_the_readable_path(smollm2, france):
+    """next_token_probs and effects run record=False: attention_fast's attn.z hook for a prompt, _attend_one's
+    for a decode step with the cache. Both must match the readable (record=True) attention with the same hook."""
+    tok = smollm2.tokenizer
+    source = lw.forward(smollm2, tok.encode(GERMANY))
+    tokens = [tok.token_id(" Paris"), tok.token_id(" Berlin")]
+    plain = iv.next_token_probs(smollm2, france, tokens)
+    for hooks in (iv.ablate_head(23, 4), iv.ablate_head(23, 4, "mean"), iv.patch(source, 5, 3)):
+        readable = torch.softmax(lw.forward(smollm2, france, hooks=hooks).logits[-1], -1)[tokens]
+        fast = iv.next_token_probs(smollm2, france, tokens, hooks)
+        torch.testing.assert_close(fast, readable, atol=1e-5, rtol=1e-4)
+        assert not torch.allclose(fast, plain, atol=1e-2)                  # the hook acted on the fast path
+    hooks = iv.ablate_head(23, 4)
+    cache = lw.KVCache.empty(smollm2.config, len(france))
+    lw.forward(smollm2, france[:-1], cache, record=False, hooks=hooks)
+    decoded = lw.forward(smollm2, france[-1:], cache, record=False, hooks=hooks).logits[-1]
+    readable = lw.forward(smollm2, france, hooks=hooks).logits[-1]
+    torch.testing.assert_close(decoded, readable, atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(decoded, lw.forward(smollm2, france).logits[-1], atol=1e-1)
 
 
 def test_patching_another_prompt_changes_the_answer_where_it_should(smollm2, france):
