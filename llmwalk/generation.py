@@ -301,6 +301,8 @@ def generate(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_token
     the whole prefix every round, as the article's first loop does; the tokens are the same either way.
     head=decoding_head(model), made once and reused, speeds up every token (same numbers, faster memory order).
     `hooks` (forward's hook points, "blocks.{i}.{point}") apply on every round's pass; `watching` sees each pass.
+    Interventions that would not mean the same with and without the cache are refused: a mean ablation needs
+    kv_cache=False, and a patch (lined up with one source prompt) fits only one pass: use forward for it.
     """
     loop = prepare(model, prompt, max_new_tokens=max_new_tokens, sampler=Sampler(temperature, top_k, top_p, min_p),
                    seed=seed, generator=generator, kv_cache=kv_cache, chat=chat, stop_at_eos=stop_at_eos,

@@ -138,9 +138,9 @@ def _check_budget(config: Config, t: int, s: int, dtype: torch.dtype, budget: fl
     fits = next((n for n in range(t - 1, 0, -1)
                  if pass_bytes(config, n, n, dtype, record=record, last_only=last_only) <= budget), None) \
         if s == t else None
-    fixes = ["pass record=False to keep only the logits"] if record else []
-    fixes += [] if last_only else ["last_only=True to keep only the last position's logits"]
-    fixes += [f"use a prompt of at most {fits} tokens"] if fits else []
+    fixes = [fix for fix, helps in [("pass record=False to keep only the logits", record),
+                                    ("last_only=True to keep only the last position's logits", not last_only),
+                                    (f"use a prompt of at most {fits} tokens", fits)] if helps]
     what = (f"recording every layer's intermediates for {t} tokens (the {t}×{s} attention weights of "
             f"{config.n_layer} layers × {config.n_head} heads) and their logits" if record
             else f"the logits of {1 if last_only else t} positions × {config.vocab_size} tokens")
