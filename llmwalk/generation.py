@@ -17,7 +17,7 @@ from torch import Tensor
 
 from .kv_cache import KVCache
 from .sampling import Sampler
-from .walk import check_head, check_ids, forward
+from .walk import check_head, check_ids, forward, layer_hooks
 
 if TYPE_CHECKING:
     from .models import Model
@@ -196,14 +196,16 @@ def _counting(ran: list, then: Callable[[Tensor], Tensor] | None) -> Callable[[T
     return hook
 
 
-def _check_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]] | None, kv_cache: bool) -> None:
-    """Refuse interventions whose result would depend on kv_cache, or that only fit the first round's pass.
+def _check_hooks(model: "Model", hooks: Mapping[str, Callable[[Tensor], Tensor]] | None, kv_cache: bool) -> None:
+    """Check the hooks' names and functions now (not at the first pass), and refuse interventions whose result would
+    depend on kv_cache, or that only fit the first round's pass.
 
     After the first round, a pass with the cache runs one new position and one without it the whole, longer
     sequence. A mean over positions (hook.sequence == "whole") is then that one position itself, a no-op; a patch
     (hook.sequence == n, the source prompt's length) finds no pass of n tokens to line up with.
     """
-    for name, fn in (hooks or {}).items() if isinstance(hooks, Mapping) else ():
+    layer_hooks(hooks, model.config.n_layer, [])
+    for name, fn in (hooks or {}).items():
         need = getattr(fn, "sequence", None)
         if need == "whole" and kv_cache:
             raise ValueError(f"hook {name!r}: mean ablation needs the whole sequence: pass kv_cache=False (with the "
@@ -246,7 +248,7 @@ def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, *, max_new_tok
     if not _is_int(top_n) or top_n < 0:
         raise ValueError(f"top_n must be an int >= 0, got {top_n!r}")
     check_head(model, head)
-    _check_hooks(hooks, kv_cache)
+    _check_hooks(model, hooks, kv_cache)
     if seed is not None and generator is not None:
         raise ValueError("pass seed= or generator=, not both")
     if seed is not None and not _is_int(seed):

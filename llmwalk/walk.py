@@ -199,7 +199,7 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     t = ids.numel()
     _check_budget(config, t, start + t, w.token_embd.dtype, max_record_bytes, record=record, last_only=last_only)
     unchanged: list[str] = []
-    layer_hooks = _layer_hooks(hooks, config.n_layer, unchanged)
+    hooked = layer_hooks(hooks, config.n_layer, unchanged)
     positions = torch.arange(start, start + t)
     seconds: dict[str, float] = {}
 
@@ -224,7 +224,7 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     for i, block in enumerate(w.blocks):
         tic = time.perf_counter()
         out = block_forward(x, block, config, masks[config.window(i)], ropes.get(config.theta(i)),
-                            cache.layers[i] if cache is not None else None, layer_hooks[i], fast=not record)
+                            cache.layers[i] if cache is not None else None, hooked[i], fast=not record)
         x = out.resid_post
         if record:
             layers.append(out)
@@ -242,7 +242,7 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
 HOOK_POINTS = ("resid_pre", "attn.z", "attn_out", "ffn_out", "resid_post")
 
 
-def _layer_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]] | None, n_layer: int, unchanged: list[str]) -> list:
+def layer_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]] | None, n_layer: int, unchanged: list[str]) -> list:
     """One (point, activation) -> activation function per layer from {"blocks.{i}.{point}": fn}; None where unhooked.
 
     The names of hooks that return their activation unchanged are appended to `unchanged`.

@@ -93,6 +93,14 @@ def test_hooks_that_are_not_a_dict_are_refused(smollm2):
         lw.forward(smollm2, IDS, hooks=[1, 2])
 
 
+@pytest.mark.parametrize("hooks,error,match", [([1, 2], TypeError, "hooks must be a dict"),
+                                               ({"blocks.30.ffn_out": abs}, ValueError, "unknown hook point"),
+                                               ({"blocks.0.ffn_out": 5}, TypeError, "not a function")])
+def test_generate_stream_checks_its_hooks_before_the_first_step(smollm2, hooks, error, match):
+    with pytest.raises(error, match=match):
+        lw.generate_stream(smollm2, IDS, 2, hooks=hooks)             # no next(): nothing has run yet
+
+
 @pytest.mark.parametrize("layer,head,error,match", [
     (0, -1, ValueError, "head must be >= 0, got -1"), (0, 1.5, TypeError, "head must be an int, got 1.5"),
     (-1, 0, ValueError, "layer must be >= 0"), (0, True, TypeError, "head must be an int")])
