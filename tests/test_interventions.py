@@ -68,7 +68,8 @@ def test_user_hooks_that_change_nothing_are_named_and_in_place_changes_spare_the
 
 def test_mean_ablation_is_refused_with_the_kv_cache_and_follows_forward_without_it(smollm2, france):
     mean = iv.ablate_ffn(0, "mean")
-    for hooks in (mean, iv.combine(iv.ablate_ffn(0), mean), iv.ablate_head(2, 1, "mean"), iv.ablate_attention(3, "mean")):
+    for hooks in (mean, iv.combine(iv.ablate_ffn(0), mean), iv.ablate_head(2, 1, "mean"),
+                  iv.ablate_attention(3, "mean")):
         with pytest.raises(ValueError, match="mean ablation needs the whole sequence: pass kv_cache=False"):
             lw.generate(smollm2, france, 3, hooks=hooks, stop_at_eos=False)
     # Without the cache every round reruns the whole sequence, each round's mean taken over all of it.
