@@ -138,15 +138,22 @@ def _check_budget(config: Config, t: int, s: int, dtype: torch.dtype, budget: fl
     fits = next((n for n in range(t - 1, 0, -1)
                  if pass_bytes(config, n, n, dtype, record=record, last_only=last_only) <= budget), None) \
         if s == t else None
-    fixes = [fix for fix, helps in [("pass record=False to keep only the logits", record),
-                                    ("last_only=True to keep only the last position's logits", not last_only),
-                                    (f"use a prompt of at most {fits} tokens", fits)] if helps]
+    last = "" if last_only else " (with last_only=True, only the last position's)"
+    fixes = [fix for fix, helps in [(f"pass record=False to keep only the logits{last}", record),
+                                    ("pass last_only=True to keep only the last position's logits",
+                                     not record and not last_only),
+                                    (f"use a prompt of at most {fits} token{'s' * (fits != 1)}", fits)] if helps]
+    rows = "the last position" if last_only else f"{t} positions"
     what = (f"recording every layer's intermediates for {t} tokens (the {t}×{s} attention weights of "
             f"{config.n_layer} layers × {config.n_head} heads) and their logits" if record
-            else f"the logits of {1 if last_only else t} positions × {config.vocab_size} tokens")
-    raise ValueError(f"{what} would keep {need / 2**30:.1f} GB, more than max_record_bytes={budget / 2**30:.1f} GB: "
-                     f"{', '.join(fixes + [''])}or raise max_record_bytes (None: no limit) if the machine has "
-                     "the memory")
+            else f"the logits of {rows} × {config.vocab_size} tokens")
+    raise ValueError(f"{what} would keep {_size(need)}, more than max_record_bytes={_size(budget)}: "
+                     f"{''.join(f + ', ' for f in fixes)}{'or ' * bool(fixes)}raise max_record_bytes (None: no limit) "
+                     "if the machine has the memory")
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.1f} GB" if abs(n) >= 2**30 / 10 else f"{n / 2**20:.1f} MB"
 
 
 def check_head(model: "Model", head: Tensor | None) -> None:
