@@ -80,10 +80,9 @@ class Tokenizer:
         try:
             return _render(_compiled_template(self.chat_template), _budget_for(messages),
                            messages=messages, add_generation_prompt=add_generation_prompt, **self._template_tokens())
-        except jinja2.exceptions.SecurityError as e:
-            what = "went past a limit" if isinstance(e, ChatTemplateLimit) else "tried something a chat template may not do"
+        except (jinja2.exceptions.SecurityError, RecursionError) as e:
             raise UnsafeChatTemplateError(
-                f"{self.name}'s chat template (from {self.chat_template_source}) {what} ({e}); the sandbox stopped "
+                f"{self.name}'s chat template (from {self.chat_template_source}) {_over_limit(e)} ({e}); the sandbox stopped "
                 "it. A template only formats messages: use a model whose template you trust, or call "
                 "encode(text) without chat=True.") from None
 
@@ -165,7 +164,7 @@ def _check_messages(messages) -> None:
 # would otherwise hang the kernel or eat the memory). The environment is otherwise the same as transformers'.
 
 MAX_RENDER_SECONDS = 5.0
-MAX_RENDER_ITERATIONS = 1_000_000            # loop iterations in all, nested loops counted as their product
+MAX_RENDER_ITERATIONS = 1_000_000            # loop iterations and calls in all (nested loops: their product)
 MAX_RENDER_CHARS = 10_000_000                # characters built or output in all, plus 20 per character of the messages
 _clock = time.monotonic                      # tests inject a fake clock
 
@@ -188,9 +187,14 @@ class _Budget:
             raise ChatTemplateLimit(f"it builds more than {self.limit:,} characters: the limit is "
                                     f"{MAX_RENDER_CHARS:,} plus 20 per character of the messages")
         if self.iterations > MAX_RENDER_ITERATIONS:
-            raise ChatTemplateLimit(f"more than {MAX_RENDER_ITERATIONS:,} loop iterations")
+            raise ChatTemplateLimit(f"more than {MAX_RENDER_ITERATIONS:,} loop iterations and calls")
         if _clock() > self.deadline:
             raise ChatTemplateLimit(f"rendering took more than {MAX_RENDER_SECONDS:g} s")
+
+
+def _over_limit(e: Exception) -> str:
+    return "went past a limit" if isinstance(e, (ChatTemplateLimit, RecursionError)) else \
+        "tried something a chat template may not do"
 
 
 _budget: ContextVar[_Budget] = ContextVar("chat_template_budget")
@@ -251,6 +255,18 @@ def _bounded_join(sep: str, items) -> str:
     return sep.join(parts)
 
 
+@jinja2.pass_environment
+def _bounded_sum(env, iterable, attribute=None, start=0):
+    """The `sum` filter, its work counted first: adding lists or tuples copies every prefix."""
+    items = [x if attribute is None else jinja2.filters.make_attrgetter(env, attribute)(x) for x in _counted(iterable)]
+    running, work = _size(start), 0
+    for x in items:
+        running += _size(x)
+        work += running if _size(x) else 0
+    _spend(work)
+    return jinja2.filters.sync_do_sum(env, items, start=start)
+
+
 def _counted(items):
     """A for loop's iterable, one iteration counted per item (nested loops multiply)."""
     for x in items:
@@ -302,6 +318,7 @@ class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     intercepted_binops = frozenset({"*", "**", "%", "+"})
     counted = staticmethod(_counted)
     concat_bounded = staticmethod(_bounded_join)
+    concat = staticmethod(functools.partial(_bounded_join, ""))   # what macros, {% set %} and {% filter %} capture
 
     def _parse(self, source, name, filename):
         return _CountLoops().visit(super()._parse(source, name, filename))
@@ -313,11 +330,11 @@ class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
         return result
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (jinja's own signature)
-        owner = getattr(__obj, "__self__", None)
+        owner = getattr(getattr(__obj, "__wrapped__", __obj), "__self__", None)   # the sandbox wraps str.format
         if isinstance(owner, str) and getattr(__obj, "__name__", "") == "join" and len(args) == 1:
             return _bounded_join(owner, args[0])
         cost = _STR_METHOD_COST.get(getattr(__obj, "__name__", "")) if isinstance(owner, str) else None
-        _spend(cost(owner, *args, **kwargs) if cost else 0)
+        _spend(cost(owner, *args, **kwargs) if cost else 0, iterations=1)      # a call is a step, like an iteration
         result = super().call(__context, __obj, *args, **kwargs)
         _spend(_size(result))
         return result
@@ -337,6 +354,7 @@ def _compiled_template(template: str) -> jinja2.Template:
     env.filters["join"] = jinja2.pass_environment(
         lambda env, value, d="", attribute=None: _bounded_join(
             str(d), value if attribute is None else map(jinja2.filters.make_attrgetter(env, attribute), value)))
+    env.filters["sum"] = _bounded_sum
     env.filters = {name: _bounded_filter(f, _FILTER_COST.get(name)) for name, f in env.filters.items()}
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
