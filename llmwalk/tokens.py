@@ -227,9 +227,9 @@ def _size(x) -> int:
 
 
 def _numbers(fmt, args) -> int:
-    """What a format string may pad to: every number in it and every int argument may be a width."""
+    """What a format string may pad to: each width or precision in it ('%09d', '{:>80}') and each int argument."""
     args = args if isinstance(args, (tuple, list)) else (args,)
-    return (len(str(fmt)) + sum(int(n) for n in re.findall(r"\d+", str(fmt)))
+    return (len(str(fmt)) + sum(int(n) for n in re.findall(r"[%:.].?[-#0 +<>=^]*(\d+)", str(fmt)))
             + sum(a for a in args if isinstance(a, int) and a > 0))
 
 
@@ -279,9 +279,17 @@ _STR_METHOD_COST = {"center": lambda s, w=0, *a: w, "ljust": lambda s, w=0, *a: 
                     "replace": lambda s, old="", new="", *a: (s.count(old) + 1) * len(new),
                     "format": lambda s, *a, **k: _numbers(s, a + tuple(k.values()))}
 _FILTER_COST = {"center": lambda v, width=80: width, "format": lambda v, *a, **k: _numbers(v, a + tuple(k.values())),
-                "indent": lambda v, width=4, *a, **k: _size(width) or width * (str(v).count("\n") + 1),
+                "indent": lambda v, width=4, *a, **k: (len(width) if isinstance(width, str) else width)
+                * (str(v).count("\n") + 1),
                 "replace": lambda v, old="", new="", *a: (str(v).count(str(old)) + 1) * len(str(new)),
-                "tojson": lambda v, indent=None, **k: indent if isinstance(indent, int) else 0}
+                "tojson": lambda v, indent=None, **k: _indent_cost(v, indent)}
+
+
+def _indent_cost(value, indent) -> int:
+    """tojson(indent=n) adds up to n spaces per level per line; deep nesting is capped by json's recursion limit."""
+    if not isinstance(indent, int) or indent <= 0:
+        return 0
+    return MAX_RENDER_CHARS + 1 if indent > 64 else indent * len(json.dumps(value, ensure_ascii=False))
 
 
 def _bounded_filter(f, cost):
@@ -307,9 +315,8 @@ class _CountLoops(jinja2.visitor.NodeTransformer):
 
     def visit_Concat(self, node):
         self.generic_visit(node)
-        return jinja2.nodes.Call(jinja2.nodes.EnvironmentAttribute("concat_bounded"),
-                                 [jinja2.nodes.Const(""), jinja2.nodes.List(node.nodes, lineno=node.lineno)], [],
-                                 None, None, lineno=node.lineno)
+        return jinja2.nodes.Call(jinja2.nodes.EnvironmentAttribute("concat"),
+                                 [jinja2.nodes.List(node.nodes, lineno=node.lineno)], [], None, None, lineno=node.lineno)
 
 
 class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
@@ -317,8 +324,7 @@ class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
     intercepted_binops = frozenset({"*", "**", "%", "+"})
     counted = staticmethod(_counted)
-    concat_bounded = staticmethod(_bounded_join)
-    concat = staticmethod(functools.partial(_bounded_join, ""))   # what macros, {% set %} and {% filter %} capture
+    concat = staticmethod(functools.partial(_bounded_join, ""))   # `~`, and what macros, {% set %}, {% filter %} capture
 
     def _parse(self, source, name, filename):
         return _CountLoops().visit(super()._parse(source, name, filename))

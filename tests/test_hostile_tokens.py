@@ -30,7 +30,9 @@ HOSTILE = ["{% for i in range(100000) %}{% for j in range(100000) %}xxxxxxxxxx{%
            "{% set big = 'x'*5000000 %}{% macro m() %}{% for i in range(1000) %}{{ big }}{% endfor %}{% endmacro %}"
            "{{ m() }}",
            "{% set big = 'x'*5000000 %}{% set s %}{% for i in range(1000) %}{{ big }}{% endfor %}{% endset %}{{ s }}",
-           "{{ ('x'*1000).replace('x', 'y'*100000) }}", "{{ ([[1]*1000000]*1000)|sum(start=[]) }}"]
+           "{{ ('x'*1000).replace('x', 'y'*100000) }}", "{{ ([[1]*1000000]*1000)|sum(start=[]) }}",
+           "{{ (range(10000)|list)|tojson(indent=1000000) }}", "{{ ('x\\n' * 1000)|indent(' ' * 1000000) }}",
+           "{{ '%-1000000000s' % 'x' }}", "{{ '{:x>1000000000}'.format('x') }}"]
 
 CHILD = """
 import json, resource, sys
