@@ -82,8 +82,8 @@ class Tokenizer:
                            messages=messages, add_generation_prompt=add_generation_prompt, **self._template_tokens())
         except (jinja2.exceptions.SecurityError, RecursionError) as e:
             raise UnsafeChatTemplateError(
-                f"{self.name}'s chat template (from {self.chat_template_source}) {_over_limit(e)} ({e}); the sandbox stopped "
-                "it. A template only formats messages: use a model whose template you trust, or call "
+                f"{self.name}'s chat template (from {self.chat_template_source}) {_over_limit(e)} ({e}); the sandbox "
+                "stopped it. A template only formats messages: use a model whose template you trust, or call "
                 "encode(text) without chat=True.") from None
 
     def __len__(self) -> int:
@@ -119,7 +119,8 @@ class Tokenizer:
 
 
 class UnsafeChatTemplateError(ValueError):
-    """A chat template tried to reach Python internals (e.g. to run a shell command); the sandbox refused."""
+    """A chat template tried to reach Python internals (e.g. to run a shell command) or went past a limit on time,
+    loop iterations or characters built; the sandbox stopped it."""
 
 
 def _check_text(text, what: str = "the prompt") -> None:
@@ -316,7 +317,8 @@ class _CountLoops(jinja2.visitor.NodeTransformer):
     def visit_Concat(self, node):
         self.generic_visit(node)
         return jinja2.nodes.Call(jinja2.nodes.EnvironmentAttribute("concat"),
-                                 [jinja2.nodes.List(node.nodes, lineno=node.lineno)], [], None, None, lineno=node.lineno)
+                                 [jinja2.nodes.List(node.nodes, lineno=node.lineno)], [], None, None,
+                                 lineno=node.lineno)
 
 
 class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
@@ -324,7 +326,7 @@ class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
 
     intercepted_binops = frozenset({"*", "**", "%", "+"})
     counted = staticmethod(_counted)
-    concat = staticmethod(functools.partial(_bounded_join, ""))   # `~`, and what macros, {% set %}, {% filter %} capture
+    concat = staticmethod(functools.partial(_bounded_join, ""))   # `~`; what macros, {% set %}, {% filter %} capture
 
     def _parse(self, source, name, filename):
         return _CountLoops().visit(super()._parse(source, name, filename))
@@ -517,7 +519,8 @@ def _chat_template(folder: Path, configured) -> tuple[str | None, str]:
     transformers' tokenizers, chat_template.json is not read (processors read it, for images).
     """
     files = {"default": folder / "chat_template.jinja"} if (folder / "chat_template.jinja").is_file() else {}
-    files.update({p.name.removesuffix(".jinja"): p for p in sorted((folder / "additional_chat_templates").glob("*.jinja"))})
+    files.update({p.name.removesuffix(".jinja"): p
+                  for p in sorted((folder / "additional_chat_templates").glob("*.jinja"))})
     if files:
         if "default" not in files:
             return None, str(folder / "additional_chat_templates")

@@ -141,13 +141,15 @@ def test_named_templates_use_the_default_as_transformers(smollm2, hf_tok, tmp_pa
     assert (path / "additional_chat_templates" / "tool_use.jinja").exists()
     from transformers import AutoTokenizer
     ref = AutoTokenizer.from_pretrained(str(path)).apply_chat_template(CONVERSATION, tokenize=False)
-    assert ours(path, smollm2).apply_chat_template(CONVERSATION) == ref == "[system] Be brief.\n[user] 法国的首都是什么\n"
+    assert ours(path, smollm2).apply_chat_template(CONVERSATION) == ref
+    assert ref == "[system] Be brief.\n[user] 法国的首都是什么\n"                 # the default, not tool_use
 
 
 def test_legacy_list_in_tokenizer_config_renders_as_transformers(smollm2, hf_tok, tmp_path):
     path = saved(hf_tok, tmp_path, None)
     config = json.loads((path / "tokenizer_config.json").read_text())
-    config["chat_template"] = [{"name": "tool_use", "template": "{{ 'tools' }}"}, {"name": "default", "template": OTHER}]
+    config["chat_template"] = [{"name": "tool_use", "template": "{{ 'tools' }}"},
+                               {"name": "default", "template": OTHER}]
     (path / "tokenizer_config.json").write_text(json.dumps(config))
     from transformers import AutoTokenizer
     ref = AutoTokenizer.from_pretrained(str(path)).apply_chat_template(CONVERSATION, tokenize=False)
