@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .tokens import HFTokenizer, Tokenizer, TokenizerMeta, gpt2_tokenizer
+from .tokens import HFTokenizer, Tokenizer, TokenizerMeta, check_vocab, gpt2_tokenizer
 from .weights import Block, Config, Linear, Norm, Weights, check_weights, count_params, tensors
 
 CONVERTER_VERSION = 2   # bump when the converted cache format or the conversion changes (2: manifest.json)
@@ -373,6 +373,7 @@ def weights_from_flat(flat: dict[str, Tensor], config: Config) -> Weights:
 
 def _finish(config: Config, weights: Weights, tokenizer: Tokenizer | None, source: str) -> Model:
     check_weights(config, weights)
+    check_vocab(tokenizer, config.vocab_size, source)
     return Model(replace(config, n_params=count_params(weights)), weights, tokenizer, source)
 
 
