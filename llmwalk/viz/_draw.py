@@ -121,7 +121,8 @@ LINE, SEP = 2.9, 0.8      # em from one chip line to the next; extra em between 
 PAD, GAP = 0.5, 0.3       # em inside a chip and between chips
 
 
-def chip_figure(rows: Sequence[tuple[str, Sequence[Chip]]], width: float | None = 48, note: str | None = None) -> Figure:
+def chip_figure(rows: Sequence[tuple[str, Sequence[Chip]]], width: float | None = 48,
+                note: str | None = None) -> Figure:
     """Rows of token chips, each with a label on the left, wrapped at `width` em (None: never); a `note` line
     under them."""
     label_w = max((max(text_width(s) for s in label.split("\n")) for label, _ in rows), default=0) * 0.9 + 1
