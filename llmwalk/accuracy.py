@@ -54,9 +54,22 @@ def _chunks(ids: Sequence[int], size: int) -> list[list[int]]:
     return [list(ids[i:i + size]) for i in range(0, len(ids), size)]
 
 
+def _eval_chunks(model: "Model", text: str | None, chunk: int) -> list[list[int]]:
+    """The text's tokens (the shipped text when None) in chunks; a ValueError when nothing would be predicted."""
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 2:
+        raise ValueError(f"chunk must be an int >= 2 (a chunk of one token predicts nothing), got {chunk!r}")
+    if text is not None and not text:
+        raise ValueError("text is empty: pass a text of two tokens or more, or text=None for the shipped eval_text()")
+    ids = model.tokenizer.encode(eval_text() if text is None else text)
+    if len(ids) < 2:
+        raise ValueError(f"text {text!r} is only {len(ids)} token long: a score needs a next token to predict, "
+                         "pass a longer text")
+    return _chunks(ids, chunk)
+
+
 def perplexity(model: "Model", text: str | None = None, chunk: int = 512) -> float:
     """exp(mean −log p(next token)) over the text, in chunks of at most `chunk` tokens."""
-    parts = _chunks(model.tokenizer.encode(text or eval_text()), chunk)
+    parts = _eval_chunks(model, text, chunk)
     return float(torch.cat([token_nll(log_probs(model, p), p) for p in parts]).mean().exp())
 
 
@@ -88,7 +101,7 @@ def layer_weight_errors(model: "Model", other: "Model") -> list[dict]:
 def compare_to_fp32(model: "Model", changed: "Model", text: str | None = None, chunk: int = 512) -> Comparison:
     """Memory, weight error, KL, top-1 agreement and perplexity of `changed` against the fp32 `model`."""
     kl, agree, nll_ref, nll = [], [], [], []
-    for part in _chunks(model.tokenizer.encode(text or eval_text()), chunk):
+    for part in _eval_chunks(model, text, chunk):
         ref, out = log_probs(model, part), log_probs(changed, part)
         kl.append(kl_divergence(ref, out))
         agree.append(top1_agreement(ref, out))

@@ -26,8 +26,20 @@ NORM_FLOPS = {"rmsnorm": 4, "layernorm": 8}   # per element: square/subtract, su
 GPT2_SIZES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 1280, 20), "xl": (48, 1600, 25)}
 
 
+def _count(name: str, value, least: int = 0) -> None:
+    """A ValueError unless `value` is an int >= least: a negative count gives a negative FLOP or byte count."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int >= {least} (a number of tokens), got {value!r}")
+
+
+def _choice(name: str, value, table: dict) -> None:
+    if value not in table:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, table))}, got {value!r}")
+
+
 def gpt2_config(size: str = "small") -> Config:
     """The published GPT-2 architecture (no weights needed): small, medium, large or xl."""
+    _choice("size", size, GPT2_SIZES)
     n_layer, d_model, n_head = GPT2_SIZES[size]
     return _counted(Config(name=f"gpt2-{size}", family="gpt2", n_layer=n_layer, n_head=n_head, n_kv_head=n_head,
                   d_model=d_model, d_head=d_model // n_head, d_ff=4 * d_model, vocab_size=50257,
@@ -82,8 +94,9 @@ def _block_params(config: Config) -> int:
     return sum(i * o for i, o in mats) + biases + norms + qk_norms
 
 
-def n_params(config: Config) -> int:
+def n_params(config: "Config | Model") -> int:
     """Parameter count from the architecture: token table, position table, layers, final norm, untied head."""
+    config = getattr(config, "config", config)                 # a Model, as weight_bytes takes
     table = config.vocab_size * config.d_model
     positions = config.context_length * config.d_model if config.position == "learned" else 0
     head = 0 if config.tied_embeddings else table
@@ -95,6 +108,7 @@ def n_params(config: Config) -> int:
 
 def embedding_lookups(config: Config, tokens: int) -> int:
     """Rows read from embedding tables (0 FLOPs: a lookup is a copy): one per token, two with learned positions."""
+    _count("tokens", tokens)
     return tokens * (2 if config.position == "learned" else 1)
 
 
@@ -106,6 +120,8 @@ def flops_by_stage(config: Config, tokens: int, cached: int = 0, last_only: bool
     [T, S] score matrix and masks the future afterwards (a causal kernel would skip about half of it at prefill).
     last_only: the LM head runs on the last position only (what generation needs).
     """
+    _count("tokens", tokens, 1)
+    _count("cached", cached)
     c, s, L = config, cached + tokens, config.n_layer
     heads = 2 * L * c.n_head * c.d_head * tokens * s             # q·k for every (query, key, head); again for Σ w·v
     out = 1 if last_only else tokens
@@ -130,6 +146,7 @@ def decode_step_flops(config: Config, context: int, kv_cache: bool = True) -> di
     With a KV cache only the newest position runs (the others' keys and values are kept); without one the
     whole prefix is recomputed.
     """
+    _count("context", context, 1)
     if kv_cache:
         return flops_by_stage(config, 1, cached=context - 1, last_only=True)
     return flops_by_stage(config, context, last_only=True)
@@ -138,6 +155,8 @@ def decode_step_flops(config: Config, context: int, kv_cache: bool = True) -> di
 def round_flops(config: Config, prompt_len: int, new_tokens: int, kv_cache: bool = True) -> list[int]:
     """FLOPs of each round of generation, one round per new token. With a cache round 1 runs the whole prompt
     (prefill) and every later round one token; without one, round k runs the prompt and the k − 1 tokens so far."""
+    _count("prompt_len", prompt_len, 1)
+    _count("new_tokens", new_tokens)
     if kv_cache:
         return ([sum(flops_by_stage(config, prompt_len, last_only=True).values())] * (new_tokens >= 1)
                 + [sum(decode_step_flops(config, prompt_len + k).values()) for k in range(1, new_tokens)])
@@ -197,6 +216,7 @@ def weight_bytes(config: "Config | Model", dtype: str = "fp32", group_size: int 
     head stay fp32, as `quantize_model` keeps them.
     """
     config = getattr(config, "config", config)
+    _choice("dtype", dtype, BITS)
     if BITS[dtype] >= 16:
         return n_params(config) * BITS[dtype] // 8
     mats = [m for m in block_matrices(config).values() for _ in range(config.n_layer)]
@@ -210,6 +230,8 @@ def weight_bytes(config: "Config | Model", dtype: str = "fp32", group_size: int 
 def memory_bytes(config: Config, context: int, weight_dtype: str = "fp32", kv_dtype: str = "fp32",
                  group_size: int | None = None) -> dict[str, int]:
     """Weights plus the KV cache of `context` positions: what generation must hold in memory."""
+    _count("context", context)
+    _choice("kv_dtype", kv_dtype, BITS)
     kv = kv_cache_bytes(config, context, 1) * BITS[kv_dtype] // 8
     weights = weight_bytes(config, weight_dtype, group_size)
     return {"weights": weights, "kv_cache": kv, "total": weights + kv}

@@ -245,8 +245,8 @@ def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, *, max_new_tok
         raise ValueError(f"{config.name} was loaded without a tokenizer: generate needs one to show its tokens")
     if not _is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if not _is_int(top_n) or top_n < 0:
-        raise ValueError(f"top_n must be an int >= 0, got {top_n!r}")
+    if not _is_int(top_n) or not 0 <= top_n <= config.vocab_size:      # topk would fail after the forward pass
+        raise ValueError(f"top_n must be an int in 0..{config.vocab_size} (the vocabulary), got {top_n!r}")
     check_head(model, head)
     _check_hooks(model, hooks, kv_cache)
     if seed is not None and generator is not None:

@@ -127,6 +127,14 @@ def _pack4(rows: Tensor) -> Tensor:
     return u[:, 0::2] | (u[:, 1::2] << 4)
 
 
+def _finite(w: Tensor, name: str) -> None:
+    """A ValueError for a NaN or inf weight: it would set its group's scale (inf: every code NaN) or be
+    rounded silently to 0 (NaN), and the model would run on."""
+    if bad := (~w.isfinite()).nonzero()[:1].tolist():
+        raise ValueError(f"{name} holds {int((~w.isfinite()).sum())} NaN/inf weights (the first at {tuple(bad[0])}):"
+                         " they cannot be rounded to integer codes; fix or reload the weights before quantizing")
+
+
 def quantize_tensor(w: Tensor, bits: int = 8, group_size: int | None = None,
                     symmetric: bool = True) -> QuantizedTensor:
     """Round a matrix to `bits`-bit integer codes, one scale per output column and group of d_in rows.
@@ -136,9 +144,16 @@ def quantize_tensor(w: Tensor, bits: int = 8, group_size: int | None = None,
     torch's int4 kernel have it), so min and max land exactly on the lowest and highest code.
     Either way every weight is within half a step (scale/2) of its value.  # [d_in, d_out] -> QuantizedTensor
     """
-    if bits not in (4, 8):
-        raise ValueError(f"bits must be 8 or 4, not {bits}")
+    if not isinstance(bits, int) or bits not in (4, 8):          # 8.0 would name a format "int8.0"
+        raise ValueError(f"bits must be 8 or 4, not {bits!r}")
+    if not isinstance(w, Tensor) or w.dim() != 2 or 0 in w.shape:
+        raise ValueError(f"quantize_tensor takes a [d_in, d_out] matrix, got shape {tuple(getattr(w, 'shape', ()))}"
+                         ": pass one layer matrix, e.g. model.weights.blocks[0].attn_q.weight")
+    _finite(w, "the matrix")
     d_in, d_out = w.shape
+    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
+                                   or group_size < 1):
+        raise ValueError(f"group_size must be an int >= 1 or None (one group per column), got {group_size!r}")
     g = group_size or d_in
     if d_in % g or (bits == 4 and g % 2):
         raise ValueError(f"group_size {g} must divide d_in={d_in} (and be even for 4 bits)")
@@ -274,10 +289,13 @@ def quantize_model(model: "Model", bits: int = 8, group_size: int | None = None,
     fuse=True stores q/k/v and gate/up as one matrix each (quantize_fused): the same numbers, fewer products per
     token; fuse=False quantizes every matrix on its own.
     """
-    stored = [getattr(b, n).weight for b in model.weights.blocks for n in LINEARS if getattr(b, n) is not None]
-    if not all(isinstance(w, Tensor) for w in [*stored, model.weights.token_embd]):
+    stored = {f"layer {i} {n}": getattr(b, n).weight for i, b in enumerate(model.weights.blocks) for n in LINEARS
+              if getattr(b, n) is not None}
+    if not all(isinstance(w, Tensor) for w in [*stored.values(), model.weights.token_embd]):
         raise ValueError(f"{model.source!r} is already quantized: quantize the float model instead "
                          "(or lw.dequantize_model(model) first, which keeps the rounding errors it already has)")
+    for name, w in {**stored, **({"token_embd": model.weights.token_embd} if embeddings else {})}.items():
+        _finite(w, f"{model.source!r} {name}")            # fused matrices would not say which one it is
     def quant(w: Tensor) -> QuantizedTensor:
         return quantize_tensor(w, bits, group_size, symmetric)
     if fuse:

@@ -27,6 +27,10 @@ def _checked(logits: Tensor) -> Tensor:
     # +inf is rejected with NaN: softmax turns it into NaN.
     if bad := int((logits.isnan() | logits.isposinf()).sum()):
         raise ValueError(f"logits must be finite or -inf, got {bad} NaN/+inf entries")
+    # A row of -inf only gives no token any probability: multinomial fails deep in torch, argmax says 0.
+    if bool(logits.isneginf().all(dim=-1).any()):
+        raise ValueError("a row of logits is -inf everywhere, so no token can be chosen: keep at least one "
+                         "token finite (check the mask or the hook that removed them all)")
     return logits.float() if logits.element_size() < 4 else logits
 
 
@@ -69,13 +73,14 @@ class Sampler:
         if self.is_greedy:
             raise ValueError("temperature must be > 0 here, got 0: temperature 0 is greedy decoding, "
                              "which has no distribution to scale or plot (use greedy())")
-        logits = _divide(logits, self.temperature)
+        # float(): a Fraction or numpy number passes the checks, and a tensor cannot divide by a Fraction.
+        logits = _divide(logits, float(self.temperature))
         if self.top_k is not None:
-            logits = _top_k(logits, self.top_k)
+            logits = _top_k(logits, int(self.top_k))
         if self.top_p is not None:
-            logits = _top_p(logits, self.top_p)
+            logits = _top_p(logits, float(self.top_p))
         if self.min_p is not None:
-            logits = _min_p(logits, self.min_p)
+            logits = _min_p(logits, float(self.min_p))
         return logits
 
     def probs(self, logits: Tensor) -> Tensor:
@@ -194,8 +199,8 @@ def surgery(
     if logits.dim() != 1:
         raise ValueError(f"surgery takes a 1-D [vocab] logits vector, got shape {tuple(logits.shape)}")
     base = scaled.softmax(dim=-1)
-    cut_k = scaled if top_k is None else _top_k(scaled, top_k)
-    cut_p = cut_k if top_p is None else _top_p(cut_k, top_p)
+    cut_k = scaled if top_k is None else _top_k(scaled, int(top_k))
+    cut_p = cut_k if top_p is None else _top_p(cut_k, float(top_p))
 
     def step(name: str, stage: Tensor) -> SurgeryStep:
         probs = stage.softmax(dim=-1)

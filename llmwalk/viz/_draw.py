@@ -121,8 +121,10 @@ LINE, SEP = 2.9, 0.8      # em from one chip line to the next; extra em between 
 PAD, GAP = 0.5, 0.3       # em inside a chip and between chips
 
 
-def chip_figure(rows: Sequence[tuple[str, Sequence[Chip]]], width: float | None = 48) -> Figure:
-    """Rows of token chips, each with a label on the left, wrapped at `width` em (None: never)."""
+def chip_figure(rows: Sequence[tuple[str, Sequence[Chip]]], width: float | None = 48,
+                note: str | None = None) -> Figure:
+    """Rows of token chips, each with a label on the left, wrapped at `width` em (None: never); a `note` line
+    under them."""
     label_w = max((max(text_width(s) for s in label.split("\n")) for label, _ in rows), default=0) * 0.9 + 1
     lines = []                     # (label or "", y of the chips' centre, [(x, chip width, text, chip)])
     y = -1.1 + SEP
@@ -138,12 +140,16 @@ def chip_figure(rows: Sequence[tuple[str, Sequence[Chip]]], width: float | None 
             line.append((x, w, text, chip))
             x += w + GAP
         y -= LINE
+    if note is not None:
+        note_y, y = y + LINE - 2.2, y - 1.2
     total_w = max([width or 0] + [x + w for _, _, line in lines for x, w, _, _ in line[-1:]])
     height = -y - 1.1 + 0.4
     fig = Figure(figsize=(total_w * FONT / 72, height * FONT / 72))
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set(xlim=(0, total_w), ylim=(-height, 0))
     ax.axis("off")
+    if note is not None:
+        ax.text(0.3, note_y, note, ha="left", va="center", fontsize=FONT * 0.8, color="#b00")
     for label, y, line in lines:
         ax.text(0.3, y, label, ha="left", va="center", fontsize=FONT * 0.8)
         for x, w, text, chip in line:

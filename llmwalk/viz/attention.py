@@ -177,7 +177,7 @@ def attention_step_widget(trace, model):
     """Layer, head and query-token controls bound to attention_step (its static twin), redrawn in place."""
     import ipywidgets as W
     from .widgets import PlotWidget                         # widgets imports this module: import here, not above
-    n_layer, n_head, n = len(trace.layers), model.config.n_head, len(trace.ids)
+    n_layer, n_head, n = len(trace._recorded("attn")), model.config.n_head, len(trace.ids)
     tokens = [(f"{i}: {show_piece(p)}", i) for i, p in enumerate(model.tokenizer.pieces(trace.ids))]
     return PlotWidget(lambda layer, head, query: attention_step(trace, model, layer, head, query), {
         "layer": W.IntSlider(value=0, min=0, max=n_layer - 1, description=t("viz.widgets.layer"),

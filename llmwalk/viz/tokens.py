@@ -18,13 +18,19 @@ def token_chips(text: str, tokenizer, chat: bool = False) -> Figure:
     return token_chips_compare(text, {tokenizer.name: tokenizer}, chat)
 
 
-def token_chips_compare(text: str, tokenizers: dict, chat: bool = False) -> Figure:
-    """The same text cut by several tokenizers, one row each, with the token count."""
-    rows = []
+MAX_CHIPS = 100           # chips drawn per row: each costs a box and two texts, about 10 ms a chip to draw
+
+
+def token_chips_compare(text: str, tokenizers: dict, chat: bool = False, *, max_tokens: int = MAX_CHIPS) -> Figure:
+    """The same text cut by several tokenizers, one row each, with the token count. A row draws its first
+    max_tokens chips (a pasted article would take minutes and a tens-of-MB image); a note below says so."""
+    rows, longest = [], 0
     for name, tokenizer in tokenizers.items():
         ids = tokenizer.encode(text, chat=chat)
-        rows.append((t("viz.tokens.row", name=name, n=len(ids)), chips(tokenizer, ids)))
-    return chip_figure(rows)
+        longest = max(longest, len(ids))
+        rows.append((t("viz.tokens.row", name=name, n=len(ids)), chips(tokenizer, ids[:max_tokens])))
+    note = t("viz.tokens.cut", shown=max_tokens, n=longest) if longest > max_tokens else None
+    return chip_figure(rows, note=note)
 
 
 def piece_labels(tokenizer, ids) -> list[str]:

@@ -106,8 +106,8 @@ class PlotWidget:
     that change no tick label's length). With blit (and fixed_layout), update returns the artists it changed and
     only they are drawn anew, over the pixels of the rest drawn once (a 150-token heatmap's tick labels cost more
     than its image). update runs with one torch thread (see _one_thread).
-    A ValueError from the plot (input it cannot draw) is shown as a message instead of a figure: `figure` is then
-    None and `error` holds the message.
+    A ValueError or TypeError from the plot (input it cannot draw) is shown as a message instead of a figure:
+    `figure` is then None and `error` holds the message (an exception escaping an observer is lost in the browser).
     """
 
     def __init__(self, plot: Callable[..., Figure], controls: dict[str, W.Widget], below: tuple[W.Widget, ...] = (),
@@ -151,6 +151,7 @@ class PlotWidget:
         if self._holding:
             return
         try:
+            _no_surrogates(self._value_controls())
             changed = None
             if self.update is not None and self.figure is not None:
                 with _one_thread():
@@ -166,7 +167,7 @@ class PlotWidget:
                     image = png(self.figure, crop=self.update is None)
             if self.fixed_layout:
                 self.figure.set_layout_engine("none")     # laid out once at the first draw: keep those positions
-        except ValueError as e:               # bad input: say what to change, no traceback
+        except (ValueError, TypeError) as e:  # bad input: say what to change, no traceback out of an observer
             self.figure, self.error = None, str(e)
             self.output.outputs = ({"output_type": "stream", "name": "stdout", "text": f"⚠ {e}\n"},)
             return
@@ -175,6 +176,15 @@ class PlotWidget:
 
     def _ipython_display_(self) -> None:
         display(self.box)
+
+
+def _no_surrogates(controls: dict[str, W.ValueWidget]) -> None:
+    """A ValueError naming the fix for text holding half of a UTF-16 pair (pasted from a broken source): no
+    tokenizer can encode it, and tokenizers' own TypeError says the text is not a str."""
+    for control in controls.values():
+        if isinstance(value := control.value, str) and (bad := re.search("[\ud800-\udfff]", value)):
+            raise ValueError(t("viz.widgets.surrogate", name=control.description, char=ascii(bad.group()),
+                               position=bad.start()))
 
 
 def _slider(value: float, lo: float, hi: float, step: float, description: str) -> W.SelectionSlider:
@@ -186,6 +196,9 @@ def _slider(value: float, lo: float, hi: float, step: float, description: str) -
 
 def sampling_widget(logits: Tensor, tokenizer, n: int = 10) -> PlotWidget:
     """Temperature, top-k, top-p and min-p sliders bound to sampling_panel (probability bars and surgery).  # [vocab]"""
+    if not isinstance(logits, Tensor) or logits.dim() != 1:
+        raise ValueError(f"sampling_widget takes one [vocab] row of logits, got shape "
+                         f"{tuple(getattr(logits, 'shape', ()))}: pass one position's row, e.g. trace.logits[-1]")
     def settings(temperature, top_k, top_p, min_p) -> tuple:
         return temperature, top_k or None, top_p if top_p < 1 else None, min_p or None
     return PlotWidget(lambda **v: sampling_panel(logits, tokenizer, *settings(**v), n), {
@@ -199,7 +212,8 @@ def sampling_widget(logits: Tensor, tokenizer, n: int = 10) -> PlotWidget:
 
 def attention_widget(trace, tokenizer) -> PlotWidget:
     """Layer and head sliders bound to attention_heatmap, redrawn in place (image data and title)."""
-    n_layer, n_head = len(trace.layers), trace.layers[0].attn.weights.shape[0]
+    layers = trace._recorded("attn")                 # a record=False trace has none: say how to record one
+    n_layer, n_head = len(layers), layers[0].attn.weights.shape[0]
     return PlotWidget(lambda layer, head: attention_heatmap(trace, tokenizer, layer, head), {
         "layer": W.IntSlider(value=0, min=0, max=n_layer - 1, description=t("viz.widgets.layer"),
                              continuous_update=False),
@@ -209,8 +223,14 @@ def attention_widget(trace, tokenizer) -> PlotWidget:
         blit=True)
 
 
+MAX_LENS_K = 20           # columns of the lens grid: more do not fit the width of a notebook
+
+
 def logit_lens_widget(trace, model, k: int = 5) -> PlotWidget:
-    """A position slider bound to logit_lens_top."""
+    """A position slider bound to logit_lens_top, k (1 to MAX_LENS_K) columns."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_LENS_K:
+        raise ValueError(f"k (tokens shown per layer) must be an int in 1..{MAX_LENS_K}, got {k!r}: e.g. k=5")
+    trace._recorded("resid")                          # the lens reads every layer's residual stream
     n = len(trace.ids)
     return PlotWidget(lambda position: logit_lens_top(trace, model, position, k), {
         "position": W.IntSlider(value=n - 1, min=0, max=n - 1, description=t("viz.widgets.position"),
@@ -296,6 +316,10 @@ def cost_widget(configs: dict, context: int = 9, max_context: int = 4096) -> Plo
 
     configs: {name: Config} (e.g. GPT-2 small, the loaded model, LLaMA-7B), counted from the architecture alone.
     """
+    if not configs:
+        raise ValueError("cost_widget needs at least one model: pass {name: Config}, e.g. {'SmolLM2': model.config}")
+    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
+        raise ValueError(f"max_context must be an int >= 1, got {max_context!r}: e.g. max_context=4096")
     def plot(name, context, kv_cache):
         stages = decode_step_flops(configs[name], context, kv_cache=kv_cache)
         return flops_bars(stages, t("viz.cost.widget_title", name=name, context=context) if kv_cache
@@ -348,10 +372,16 @@ class GenerationWidget(PlotWidget):
         """Prompt and generated tokens."""
         return self.prompt_ids + [s.token_id for s in self.steps]
 
+    def _seed_error(self) -> str | None:
+        """The message for a seed torch cannot take (the box takes any int), or None."""
+        seed = self.controls["seed"].value
+        return None if -2**63 <= seed < 2**64 else t("viz.widgets.seed_range", seed=seed)
+
     def _restart(self, change=None) -> None:
-        """Back to the prompt, the generator re-seeded."""
+        """Back to the prompt, the generator re-seeded (a bad seed keeps the old one; the redraw says why)."""
         self.steps: list[Step] = []
-        self.generator = torch.Generator().manual_seed(int(self.controls["seed"].value))
+        if self._seed_error() is None:
+            self.generator = torch.Generator().manual_seed(self.controls["seed"].value)
         self.logits, self.seconds = self.prompt_run
         if self.loop.cache.length > len(self.prompt_ids):      # forget the drawn tokens' keys and values
             self.loop.cache.truncate(len(self.prompt_ids))
@@ -372,6 +402,8 @@ class GenerationWidget(PlotWidget):
         """Draw the next token (seeded) with the slider's temperature, append it, redraw."""
         if self.finished:
             return
+        if self._seed_error():                                      # draw nothing: the redraw shows the message
+            return self.redraw()
         sampler = Sampler(self.controls["temperature"].value, top_p=self.top_p)
         loop = replace(self.loop, sampler=sampler, generator=self.generator)
         started = time.perf_counter() - self.seconds                # the round began with its model pass
@@ -388,6 +420,8 @@ class GenerationWidget(PlotWidget):
     def _plot(self, temperature: float, figure: Figure | None = None) -> Figure | list:
         """The table and the next distribution's bars: a new figure, or `figure` redrawn in place (then the artists
         it changed, for the blit)."""
+        if error := self._seed_error():
+            raise ValueError(error)
         self.table.value = generation_table(self.steps, self.model.tokenizer, self.prompt_ids)._repr_html_()
         self.controls["next"].disabled = self.finished
         title = "…" + self.model.tokenizer.decode(self.ids)[-60:].replace("\n", "↵")
