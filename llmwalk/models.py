@@ -281,6 +281,7 @@ def _cached_or_converted(out: Path, source: str, convert: Callable[[Path], None]
     """The converted model in `out`; `convert(staging_dir)` writes it first when it is missing or damaged."""
     model, _ = _cached(out, source)           # no lock: a complete read-only cache is read without writing
     if model is not None:
+        _remove_leftovers_if_idle(out)
         return model
     with _converting(out) as staging:
         model, problem = _cached(out, source)     # another process may have converted it meanwhile
@@ -316,9 +317,8 @@ class _converting:
         self.target = Path(target)
 
     def __enter__(self) -> Path:
-        from filelock import FileLock
         root = _writable(self.target.parent)
-        self.lock = FileLock(str(root / f"{self.target.name}.lock"), mode=0o666)    # any user of a shared cache
+        self.lock = _lock(self.target)
         try:
             self.lock.acquire()
         except OSError as e:           # e.g. a lock file another user made before llmwalk made them 0666
@@ -336,15 +336,33 @@ class _converting:
         self.lock.release()
 
 
+def _lock(target: Path, **kwargs):
+    from filelock import FileLock
+    return FileLock(str(target.parent / f"{target.name}.lock"), mode=0o666, **kwargs)   # any user of a shared cache
+
+
+def _leftovers(target: Path) -> list[Path]:
+    prefixes = (f"{target.name}.tmp-", f"{target.name}.old-")
+    return [path for path in target.parent.iterdir() if path.name.startswith(prefixes) and path.is_dir()]
+
+
 def _remove_leftovers(target: Path) -> None:
     """Delete the staging and set-aside directories of `target` that killed processes left (SIGKILL, SIGTERM).
 
     Call it holding `target`'s lock: they are made only under that lock, so their makers are gone.
     """
-    prefixes = (f"{target.name}.tmp-", f"{target.name}.old-")
-    for path in target.parent.iterdir():
-        if path.name.startswith(prefixes) and path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
+    for path in _leftovers(target):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_leftovers_if_idle(target: Path) -> None:
+    """`_remove_leftovers` next to a complete `target` (e.g. from older llmwalk versions), if nobody converts now."""
+    try:
+        if _leftovers(target):
+            with _lock(target, timeout=0):
+                _remove_leftovers(target)
+    except OSError:        # the lock is held (filelock.Timeout) or cannot be made (a read-only cache): keep them
+        pass
 
 
 def _writable(directory: Path) -> Path:

@@ -278,6 +278,23 @@ def test_half_assembled_gemma_file_is_reassembled(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if ".tmp-" in p.name] == []
 
 
+@pytest.mark.parametrize("converting_now", [False, True])
+def test_leftovers_next_to_a_complete_cache_go_unless_a_conversion_holds_the_lock(cache_copy, monkeypatch,
+                                                                                    converting_now):
+    stale = cache_copy.parent / f"{cache_copy.name}.tmp-killed"          # e.g. left by an older llmwalk version
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(bytes(1000))
+    monkeypatch.setattr(models, "_convert_gguf", no_conversion)
+    lock = models._lock(cache_copy)
+    if converting_now:
+        lock.acquire()
+    try:
+        lw.load_model(progress=False)
+    finally:
+        lock.release()
+    assert leftovers(cache_copy.parent) == ([stale.name] if converting_now else [])
+
+
 def test_llmwalk_cache_expands_the_home_and_variables_and_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "张伟"))
     monkeypatch.setenv("CLASS", str(tmp_path / "class room"))
