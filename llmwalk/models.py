@@ -205,9 +205,9 @@ def sha256_of(path: Path) -> str:
 # which catches a truncated, replaced or rewritten file but, by design, not bytes changed in place with the size and
 # mtime put back. Conversion happens once, under a file lock, in a staging directory that is renamed into place, so
 # concurrent first loads are safe; a staging directory is made only by the lock's holder, so whoever holds the lock
-# next deletes those that killed processes left. A class may share one cache (LLMWALK_CACHE=/srv/llmwalk-cache):
-# whatever is moved in is readable by every user whatever their umask, any user may take the lock, and loading a
-# complete cache writes nothing, so a read-only cache works.
+# next (a conversion, or a load that finds the lock free) deletes those that killed processes left. A class may share
+# one cache (LLMWALK_CACHE=/srv/llmwalk-cache): whatever is moved in is readable by every user whatever their umask,
+# any user may take the lock, and loading a complete cache writes nothing, so a read-only cache works.
 
 MANIFEST = "manifest.json"
 CACHED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_meta.json")
