@@ -1,5 +1,7 @@
 """The converted-weights cache: verified on load, rebuilt when damaged, safe with several processes, clear when
-unwritable; a user's own GGUF file; a half-assembled Gemma file recovers. Every test uses a temporary LLMWALK_CACHE."""
+unwritable, shared by the users of a class server (a second user is `nobody` when the tests run as root), cleaned
+after killed conversions; LLMWALK_CACHE's value; a user's own GGUF file; a half-assembled Gemma file recovers. Every
+test uses a temporary LLMWALK_CACHE."""
 import hashlib
 import os
 import shutil
