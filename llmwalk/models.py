@@ -106,7 +106,7 @@ class ShippedGGUF:
         module = importlib.import_module(self.dist.replace("-", "_"))
         with _converting(target) as staging:
             if not (target.exists() and sha256_of(target) == self.sha256):     # another process may have done it
-                os.replace(module.assemble(staging / target.name), target)
+                _move_into_place(module.assemble(staging / target.name), target)
         return target
 
 
@@ -131,8 +131,20 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".ckpt")
 
 
 def cache_dir() -> Path:
-    """Where converted weights are kept: $LLMWALK_CACHE, else ~/.cache/llmwalk."""
-    return Path(os.environ.get("LLMWALK_CACHE", Path.home() / ".cache" / "llmwalk"))
+    """Where converted weights are kept: $LLMWALK_CACHE (`~` and $VARIABLES expanded), else ~/.cache/llmwalk."""
+    raw = os.environ.get("LLMWALK_CACHE")
+    if raw is None:
+        return Path.home() / ".cache" / "llmwalk"
+    # An empty value or an unset variable would otherwise write a 500 MB conversion into the working directory
+    # (a notebooks folder, a git checkout), and a literal "~" directory there is an `rm -rf ~` trap.
+    expanded = os.path.expanduser(os.path.expandvars(raw.strip()))
+    unset = re.search(r"\$\{?\w+\}?", expanded)
+    if not expanded or unset:
+        problem = f"names the unset variable {unset.group()}" if unset else "is empty"
+        raise ValueError(f"the environment variable LLMWALK_CACHE={raw!r} {problem}: set it to the directory that "
+                         "keeps llmwalk's converted models (e.g. export LLMWALK_CACHE=/srv/llmwalk-cache), or unset "
+                         "it to use ~/.cache/llmwalk")
+    return Path(os.path.abspath(expanded))
 
 
 def available_models() -> dict[str, str]:
@@ -190,12 +202,18 @@ def sha256_of(path: Path) -> str:
 # manifest.json (each file's size, mtime and sha256, written at conversion). Loading checks the manifest: the small
 # files are hashed every time (a hand-edited config.json must not change the model); the 538 MB safetensors file is
 # re-hashed only when its size or mtime differ from the manifest (hashing it costs ~0.6 s, reading the stat nothing),
-# which catches a damaged, truncated or edited file. Conversion happens once, under a file lock, in a per-process
-# staging directory that is renamed into place, so concurrent first loads (a classroom on one shared cache) are safe.
+# which catches a truncated, replaced or rewritten file but, by design, not bytes changed in place with the size and
+# mtime put back. Conversion happens once, under a file lock, in a staging directory that is renamed into place, so
+# concurrent first loads are safe; a staging directory is made only by the lock's holder, so whoever holds the lock
+# next (a conversion, or a load that finds the lock free) deletes those that killed processes left. A class may share
+# one cache (LLMWALK_CACHE=/srv/llmwalk-cache): whatever is moved in is readable by every user whatever their umask,
+# any user may take the lock, and loading a complete cache writes nothing, so a read-only cache works.
 
 MANIFEST = "manifest.json"
 CACHED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_meta.json")
 ALWAYS_HASHED = ("config.json", "tokenizer.json", "tokenizer_meta.json")
+OWN_CACHE = ("set the environment variable LLMWALK_CACHE (e.g. os.environ['LLMWALK_CACHE'] = '~/llmwalk-cache' "
+             "before loading, or export LLMWALK_CACHE=... in the shell)")
 
 
 def _file_record(path: Path) -> dict:
@@ -220,6 +238,8 @@ def _cache_problem(out: Path) -> str | None:
             unchanged = st.st_mtime_ns == expected["mtime_ns"] and name not in ALWAYS_HASHED
             if not unchanged and sha256_of(out / name) != expected["sha256"]:
                 return f"damaged: {name} differs from what was written (sha256)"
+    except PermissionError as e:     # e.g. another user converted it with private permissions
+        return f"not readable by this user ({e.strerror}: {e.filename})"
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"damaged: {type(e).__name__}: {e}"
     return None
@@ -259,18 +279,32 @@ def _cached(out: Path, source: str) -> tuple[Model | None, str]:
 
 def _cached_or_converted(out: Path, source: str, convert: Callable[[Path], None]) -> Model:
     """The converted model in `out`; `convert(staging_dir)` writes it first when it is missing or damaged."""
-    model, problem = _cached(out, source)
+    model, _ = _cached(out, source)           # no lock: a complete read-only cache is read without writing
     if model is not None:
+        _remove_leftovers_if_idle(out)
         return model
-    if problem != "missing":   # a damaged cache is ours to rebuild, not the user's problem
-        warnings.warn(f"converted weights in {out} are {problem}; converting again")
     with _converting(out) as staging:
-        model, _ = _cached(out, source)                 # another process may have converted it meanwhile
+        model, problem = _cached(out, source)     # another process may have converted it meanwhile
         if model is None:
+            _clear_for_conversion(out, problem)
             convert(staging)
             _write_manifest(staging)
             _move_into_place(staging, out)
     return model or _read_converted(out, source)
+
+
+def _clear_for_conversion(out: Path, problem: str) -> None:
+    """Remove an unusable `out` before converting: an entry this user may not replace fails now, not 20 s later."""
+    if problem == "missing":
+        return
+    try:
+        _set_aside(out)
+    except OSError as e:
+        raise CacheNotWritableError(
+            f"the converted model in {out} is {problem}, and llmwalk cannot replace it ({type(e).__name__}: "
+            f"{e.strerror or e}): another user of this cache probably converted it. Ask them to delete it or to make "
+            f"it readable by everyone (chmod -R a+rX '{out}'), or use a cache of your own: {OWN_CACHE}.") from None
+    warnings.warn(f"converted weights in {out} are {problem}; converting again")    # ours to rebuild, not the user's
 
 
 class _converting:
@@ -283,11 +317,18 @@ class _converting:
         self.target = Path(target)
 
     def __enter__(self) -> Path:
-        from filelock import FileLock
         root = _writable(self.target.parent)
-        self.staging = Path(tempfile.mkdtemp(prefix=f"{self.target.name}.tmp-", dir=root))
-        self.lock = FileLock(str(root / f"{self.target.name}.lock"))
-        self.lock.acquire()
+        self.lock = _lock(self.target)
+        try:
+            self.lock.acquire()
+        except OSError as e:           # e.g. a lock file another user made before llmwalk made them 0666
+            raise _not_writable(root, e) from None
+        try:
+            _remove_leftovers(self.target)
+            self.staging = Path(tempfile.mkdtemp(prefix=f"{self.target.name}.tmp-", dir=root))
+        except BaseException:
+            self.lock.release()
+            raise
         return self.staging
 
     def __exit__(self, *exc) -> None:
@@ -295,27 +336,76 @@ class _converting:
         self.lock.release()
 
 
+def _lock(target: Path, **kwargs):
+    from filelock import FileLock
+    return FileLock(str(target.parent / f"{target.name}.lock"), mode=0o666, **kwargs)   # any user of a shared cache
+
+
+def _leftovers(target: Path) -> list[Path]:
+    prefixes = (f"{target.name}.tmp-", f"{target.name}.old-")
+    return [path for path in target.parent.iterdir() if path.name.startswith(prefixes) and path.is_dir()]
+
+
+def _remove_leftovers(target: Path) -> None:
+    """Delete the staging and set-aside directories of `target` that killed processes left (SIGKILL, SIGTERM).
+
+    Call it holding `target`'s lock: they are made only under that lock, so their makers are gone.
+    """
+    for path in _leftovers(target):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _remove_leftovers_if_idle(target: Path) -> None:
+    """`_remove_leftovers` next to a complete `target` (e.g. from older llmwalk versions), if nobody converts now."""
+    try:
+        if _leftovers(target):
+            with _lock(target, timeout=0):
+                _remove_leftovers(target)
+    except OSError:        # the lock is held (filelock.Timeout) or cannot be made (a read-only cache): keep them
+        pass
+
+
 def _writable(directory: Path) -> Path:
     """`directory`, created if needed, or a CacheNotWritableError that says how to choose another one."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        try:
+            directory.mkdir(parents=True)
+            directory.chmod(0o755)     # ours: readable by a class whatever our umask (an existing one keeps its mode)
+        except FileExistsError:
+            pass
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as e:
-        raise CacheNotWritableError(
-            f"llmwalk converts a model once and keeps the result in {directory}, but cannot write there "
-            f"({type(e).__name__}: {e.strerror or e}). Choose another directory: set the environment variable "
-            f"LLMWALK_CACHE (e.g. os.environ['LLMWALK_CACHE'] = '/tmp/llmwalk-cache' before loading, or "
-            f"export LLMWALK_CACHE=... in the shell).") from None
+        raise _not_writable(directory, e) from None
     return directory
 
 
-def _move_into_place(staging: Path, out: Path) -> None:
-    """Rename the finished `staging` directory to `out`, replacing a damaged `out` (readers never see a half)."""
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f"{out.name}.old-", dir=out.parent))
+def _not_writable(directory: Path, e: OSError) -> CacheNotWritableError:
+    return CacheNotWritableError(
+        f"llmwalk converts a model once and keeps the result in {directory}, but cannot write there "
+        f"({type(e).__name__}: {e.strerror or e}). Choose another directory: {OWN_CACHE}. On a shared cache, "
+        f"ask its owner to load this model there once.")
+
+
+def _set_aside(out: Path) -> None:
+    """Delete `out` (a file or a directory) by renaming it away first, so that no reader sees it half deleted."""
+    if not os.path.lexists(out):
+        return
+    old = Path(tempfile.mkdtemp(prefix=f"{out.name}.old-", dir=out.parent))
+    try:
         out.rename(old / out.name)
+    finally:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Rename the finished `staging` file or directory to `out`, replacing a damaged `out` (readers never see a half).
+
+    What is moved in becomes readable by every user whatever the umask (mkdtemp's is 0700): a class may share a cache.
+    """
+    for path in (staging, *(staging.rglob("*") if staging.is_dir() else ())):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    _set_aside(out)
     staging.rename(out)
 
 
