@@ -422,7 +422,7 @@ class _GGUFHeader:
         self.path, self.data, self.pos = path, data, 0
 
     def refuse(self, claim: str):
-        raise CorruptModelFileError(f"{self.path} is not a valid GGUF file: {claim} (the file has "
+        raise CorruptModelFileError(f"{self.path} is not a readable GGUF file: {claim} (the file has "
                                     f"{len(self.data)} bytes); it is damaged or not a model, re-download it")
 
     def skip(self, n: int, what: str) -> int:
