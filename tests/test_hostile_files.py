@@ -78,7 +78,7 @@ def header(n_tensors=0, n_kv=2) -> bytes:
 HOSTILE_GGUF = {   # name: (file bytes, what the error must say)
     # B1 / H1: a uint8 array claiming 10^12 elements in 178 bytes (GGUFReader loops forever on it)
     "array_1e12": (header() + ARCH + s(b"tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 0, 10**12) + bytes(64),
-                   "claims"),
+                   "claims 1000000000000"),     # items (the count) or bytes (the skip): two bounds
     # H2: an array of strings claiming 10^12
     "strarray_1e12": (header() + ARCH + s(b"tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 10**12) + bytes(64),
                       "claims 1000000000000 items"),
