@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -29,7 +30,9 @@ class Q4_1Blocks:
 def gguf_q4_1_blocks(path: str | os.PathLike, tensor_name: str, n_blocks: int = 4) -> Q4_1Blocks:
     """Read the first `n_blocks` Q4_1 blocks of one tensor of a GGUF file, byte by byte.  # -> [n_blocks, 32] codes"""
     import gguf
-    reader = gguf.GGUFReader(str(path))
+
+    from .models import read_gguf
+    reader = read_gguf(Path(path))          # its header checked first: a hostile file cannot make it loop
     tensor = next((t for t in reader.tensors if t.name == tensor_name), None)
     if tensor is None:
         raise KeyError(f"{path} has no tensor {tensor_name!r}")

@@ -4,10 +4,12 @@ Maths lives elsewhere; this module only turns files into a `Model` (config + wei
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib
 import importlib.metadata
 import json
+import math
 import os
 import re
 import shutil
@@ -173,10 +175,13 @@ def load_model(name_or_path: str | os.PathLike = DEFAULT_MODEL, progress: bool =
     path = Path(key).expanduser()
     if path.suffix in PICKLE_SUFFIXES:
         raise PickleCheckpointError(_pickle_message(path))
-    if path.is_file() and path.suffix == ".gguf":
+    if path.is_file() and path.suffix.lower() == ".gguf":
         return _load_gguf_file(path, progress)
     if path.is_dir():
         return load_hf_dir(path)
+    if path.is_file():
+        raise UnknownModelError(f"{path} is a file llmwalk does not load: pass a .gguf file, or the Hugging Face "
+                                "directory (config.json + model.safetensors) that holds it")
     raise UnknownModelError(f"unknown model {key!r}: not a registered name and no such file or directory. "
                             f"Registered: {', '.join(available_models())}. The offline default is "
                             f"lw.load_model({DEFAULT_MODEL!r}).")
@@ -247,11 +252,20 @@ def _cache_problem(out: Path) -> str | None:
 
 def _save_converted(model: Model, out: Path) -> None:
     """Write config.json and model.safetensors (a tied LM head is stored once)."""
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
     flat = {name: t.contiguous() for name, t in tensors(model.weights)
             if not (name == "output" and model.config.tied_embeddings)}
-    save_file(flat, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(asdict(model.config), indent=1))
+    try:
+        save_file(flat, str(out / "model.safetensors"))
+        (out / "config.json").write_text(json.dumps(asdict(model.config), indent=1))
+    except (OSError, SafetensorError) as e:    # safetensors reports a full disk as "... (os error 28)"
+        if getattr(e, "errno", None) != errno.ENOSPC and f"(os error {errno.ENOSPC})" not in str(e):
+            raise
+        size = sum(t.numel() * t.element_size() for t in flat.values())
+        raise CacheNotWritableError(
+            f"the disk holding {out.parent} is full: the converted {model.config.name} needs {size / 1e6:.0f} MB "
+            "there. Free some space, or set LLMWALK_CACHE to a directory on a disk with room.") from None
 
 
 def _read_converted(out: Path, source: str) -> Model:
@@ -425,6 +439,18 @@ class _Checkpoint:
     def __contains__(self, name: str) -> bool:
         return name in self.flat
 
+    def check_layers(self, pattern: str, n_layer, *, what: str, key: str) -> None:
+        """CorruptModelFileError unless the tensors named `pattern` (group 1: the layer) are layers 0..n_layer-1.
+
+        Checked before any loop over the layers: a file claiming 10^9 layers must not start 10^9 steps.
+        """
+        found = {int(m[1]) for name in self.flat if (m := re.match(pattern, name))}
+        span = (min(found), max(found) + 1) if found else (0, 0)
+        if type(n_layer) is not int or len(found) != n_layer or span != (0, n_layer):
+            held = f"layers {span[0]}..{span[1] - 1}" if found else "no layer"
+            raise CorruptModelFileError(f"{what}: {key} is {n_layer!r} but its tensors hold {held} ({len(found)} "
+                                        f"layers): the file is damaged or incomplete; re-download it")
+
     def refuse_unused(self, what: str, ignore: str = r"$^") -> None:
         """UnsupportedModelError when tensors other than those matching `ignore` (a regex) were never read."""
         unused = sorted(n for n in self.flat if n not in self.used and not re.search(ignore, n))
@@ -434,9 +460,10 @@ class _Checkpoint:
                 "it is an architecture variant llmwalk does not support, and running without them would be wrong")
 
 
-def weights_from_flat(flat: dict[str, Tensor], config: Config) -> Weights:
-    """Rebuild a Weights container from the dotted names written by `tensors()`."""
+def weights_from_flat(flat: dict[str, Tensor], config: Config, what: str | None = None) -> Weights:
+    """Rebuild a Weights container from the dotted names written by `tensors()` (`what` names them in errors)."""
     ckpt = _Checkpoint(flat)
+    ckpt.check_layers(r"blocks\.(\d+)\.", config.n_layer, what=what or config.name, key="block_count")
 
     def norm(prefix):
         return Norm(ckpt[f"{prefix}.weight"], ckpt.get(f"{prefix}.bias")) if f"{prefix}.weight" in ckpt else None
@@ -469,6 +496,119 @@ def _finish(config: Config, weights: Weights, tokenizer: Tokenizer | None, sourc
 
 # ---------------------------------------------------------------- GGUF (the offline models)
 
+# A GGUF file states every count and length it holds (metadata arrays, strings, tensors and their shapes), and
+# gguf's GGUFReader trusts them: an array claiming 10^12 elements in a 178-byte file loops forever. So the header
+# is walked once here first, and each claim is checked against the bytes the file still has and against a bound
+# no model llmwalk can run comes near, before GGUFReader (or a hash of the whole file) touches it.
+GGUF_MAX_ITEMS = 1 << 24        # entries of one array, keys, tensors (Gemma-3's vocabulary: 262,144 tokens)
+GGUF_MAX_PARAMS = 2 * 10**9     # llmwalk converts to fp32 in memory: 8 GB of weights
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}   # GGUFValueType -> size
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+class _GGUFHeader:
+    """A cursor over a GGUF file's header that refuses any claim the file's remaining bytes cannot hold."""
+
+    def __init__(self, path: Path, data):
+        self.path, self.data, self.pos = path, data, 0
+
+    def refuse(self, claim: str):
+        raise CorruptModelFileError(f"{self.path} is not a readable GGUF file: {claim} (the file has "
+                                    f"{len(self.data)} bytes); it is damaged or not a model, re-download it")
+
+    def skip(self, n: int, what: str) -> int:
+        """Move past `n` bytes; where they start."""
+        if n > len(self.data) - self.pos:
+            self.refuse(f"{what} claims {n} bytes at offset {self.pos}")
+        self.pos += n
+        return self.pos - n
+
+    def take(self, n: int, what: str) -> bytes:
+        return self.data[self.skip(n, what):self.pos]
+
+    def uint(self, n: int, what: str) -> int:
+        return int.from_bytes(self.take(n, what), "little")
+
+    def count(self, what: str, min_bytes: int) -> int:
+        """A count of items that take at least `min_bytes` each."""
+        n = self.uint(8, what)
+        if n > GGUF_MAX_ITEMS or n * min_bytes > len(self.data) - self.pos:
+            self.refuse(f"{what} claims {n} items")
+        return n
+
+    def string(self, what: str) -> bytes:
+        return self.take(self.uint(8, f"{what} (length)"), what)
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> None:
+        size = _GGUF_SCALAR_BYTES.get(vtype)
+        if size:
+            self.skip(size, what)
+        elif vtype == _GGUF_STRING:
+            self.skip(self.uint(8, what), what)
+        elif vtype == _GGUF_ARRAY and depth < 2:
+            itype = self.uint(4, what)
+            size = _GGUF_SCALAR_BYTES.get(itype)
+            n = self.count(what, size or 8)             # a string or an array takes at least 8 bytes
+            if size:                                    # fixed-size elements: no need to walk them
+                self.skip(n * size, what)
+            else:
+                for _ in range(n):
+                    self.value(itype, what, depth + 1)
+        else:
+            self.refuse(f"{what} has value type {vtype} (nested {depth} deep), which GGUF models do not use")
+
+
+def check_gguf(path: Path) -> None:
+    """CorruptModelFileError unless `path` is a GGUF file whose header claims only what its size can hold."""
+    import mmap
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < 24 or f.read(4) != b"GGUF":
+            raise CorruptModelFileError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'): "
+                                        "load a .gguf model file, or a Hugging Face directory")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            h = _GGUFHeader(path, data)
+            h.skip(4, "magic")
+            version = h.uint(4, "version")
+            if version not in (2, 3):
+                h.refuse(f"GGUF version {version} (llmwalk reads versions 2 and 3, little-endian)")
+            n_tensors = h.count("the tensor count", 24)
+            for _ in range(h.count("the metadata key count", 13)):
+                key = h.string("a metadata key").decode("utf-8", "replace")
+                h.value(h.uint(4, f"metadata {key!r}"), f"metadata {key!r}")
+            infos, params = [], 0
+            for _ in range(n_tensors):
+                name = h.string("a tensor name").decode("utf-8", "replace")
+                n_dims = h.uint(4, f"tensor {name!r}")
+                if not 1 <= n_dims <= 4:
+                    h.refuse(f"tensor {name!r} has {n_dims} dimensions (GGUF allows 1 to 4)")
+                dims = [h.uint(8, f"tensor {name!r}") for _ in range(n_dims)]
+                kind, offset = h.uint(4, f"tensor {name!r}"), h.uint(8, f"tensor {name!r}")
+                infos.append((name, dims, kind, offset))
+            for name, dims, kind, offset in infos:      # tensor data starts after the header
+                if kind not in set(GGMLQuantizationType):
+                    h.refuse(f"tensor {name!r} has an unknown type {kind}")
+                block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+                n = math.prod(dims)
+                if dims[0] % block or offset + n // block * block_bytes > len(data) - h.pos:
+                    h.refuse(f"tensor {name!r} claims shape {dims} of {GGMLQuantizationType(kind).name} at "
+                             f"offset {offset}")
+                params += n
+            if params > GGUF_MAX_PARAMS:
+                raise UnsupportedModelError(f"{path} holds {params:,} parameters; llmwalk computes in fp32 in "
+                                            f"memory and loads models up to {GGUF_MAX_PARAMS:,}: pick a smaller model")
+
+
+def read_gguf(path: Path):
+    """gguf's GGUFReader on `path`, once its header is checked; CorruptModelFileError when it cannot be read."""
+    import gguf
+    check_gguf(path)
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:
+        raise CorruptModelFileError(f"{path} is not a readable GGUF file ({e}); re-download or reinstall it") from e
+
+
 def _load_shipped(src: ShippedGGUF, progress: bool) -> Model:
     out = cache_dir() / f"{src.name}-{src.sha256[:12]}-v{CONVERTER_VERSION}"
     src.distribution()                 # not installed: say so before anything is written
@@ -486,6 +626,7 @@ def _load_shipped(src: ShippedGGUF, progress: bool) -> Model:
 
 
 def _load_gguf_file(path: Path, progress: bool) -> Model:
+    check_gguf(path)                   # before hashing: a 10 GB file of zeros is refused at its first 4 bytes
     out = cache_dir() / f"{path.stem}-{sha256_of(path)[:12]}-v{CONVERTER_VERSION}"
     return _cached_or_converted(out, f"{path} (converted, cached in {out})",
                                 lambda staging: _convert_gguf(path, path.stem, staging, progress))
@@ -502,13 +643,23 @@ def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, out_dim // n_head // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
 
 
-def gguf_config(reader, name: str) -> Config:
-    """Read the architecture numbers from GGUF metadata."""
+GGUF_REQUIRED = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length",
+                 "context_length", "attention.layer_norm_rms_epsilon")      # under the architecture's prefix
+
+
+def gguf_config(reader, name: str, path: Path | None = None) -> Config:
+    """Read the architecture numbers from GGUF metadata (`path` names the file in errors)."""
     arch = _gguf_field(reader, "general.architecture")
     if arch not in ("llama", "gemma3"):
         raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported: llmwalk runs llama and gemma3 "
                                     "GGUF files")
     g = lambda key, default=None: _gguf_field(reader, f"{arch}.{key}", default)   # noqa: E731
+    keys = [f"{arch}.{k}" for k in GGUF_REQUIRED + (("attention.sliding_window",) if arch == "gemma3" else ())]
+    missing = [k for k in keys + ["tokenizer.ggml.tokens"] if k not in reader.fields]
+    if missing:
+        raise CorruptModelFileError(f"{path or name} lacks the GGUF metadata {', '.join(missing)}: the file is "
+                                    "incomplete; re-download it, or convert the model again with llama.cpp's "
+                                    "convert_hf_to_gguf.py")
     scaling = g("rope.scaling.type", "none")
     if scaling != "none" or any(t.name == "rope_freqs.weight" for t in reader.tensors):
         raise UnsupportedModelError(f"{name}: RoPE scaling ({scaling if scaling != 'none' else 'rope_freqs'}, "
@@ -517,6 +668,9 @@ def gguf_config(reader, name: str) -> Config:
         if not isinstance(g(key, 0), (int, np.integer)):
             raise UnsupportedModelError(f"{name}: {arch}.{key} differs per layer, which llmwalk does not support")
     d_model, n_head = int(g("embedding_length")), int(g("attention.head_count"))
+    if n_head < 1:
+        raise CorruptModelFileError(f"{path or name}: {arch}.attention.head_count is {n_head}, it must be >= 1; "
+                                    "the file is damaged, re-download it")
     d_head = int(g("attention.key_length", d_model // n_head))
     n_layer = int(g("block_count"))
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
@@ -540,14 +694,10 @@ def gguf_config(reader, name: str) -> Config:
 
 def _convert_gguf(path: Path, name: str, out: Path, progress: bool) -> None:
     """Dequantize every tensor of a GGUF file into llmwalk's fp32 weights, written into the directory `out`."""
-    import gguf
     from gguf.quants import dequantize
     from tqdm.auto import tqdm
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:
-        raise CorruptModelFileError(f"{path} is not a readable GGUF file ({e}); re-download or reinstall it") from e
-    config = gguf_config(reader, name)
+    reader = read_gguf(path)
+    config = gguf_config(reader, name, path)
     flat: dict[str, Tensor] = {}
     for t in tqdm(reader.tensors, desc=f"{name}: dequantizing GGUF to fp32 (first load only)", disable=not progress):
         w = dequantize(t.data, t.tensor_type).astype(np.float32)     # numpy shape [d_out, d_in] for matrices
@@ -557,15 +707,20 @@ def _convert_gguf(path: Path, name: str, out: Path, progress: bool) -> None:
         if w.ndim == 2 and key not in ("token_embd", "output"):
             w = w.T                                                    # llmwalk computes x @ W: [d_in, d_out]
         flat[key if key in ("token_embd", "output") else f"{key}.weight"] = torch.from_numpy(np.ascontiguousarray(w))
-    model = _finish(config, weights_from_flat(flat, config), None, str(path))
-    _save_converted(model, out)
+    model = _finish(config, weights_from_flat(flat, config, str(path)), None, str(path))
     _save_gguf_tokenizer(path, name, out)
+    _save_converted(model, out)
 
 
 def _save_gguf_tokenizer(path: Path, name: str, out: Path) -> None:
     """Build the model's tokenizer from the vocabulary inside the GGUF file (via transformers, once)."""
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (KeyError, IndexError, ValueError) as e:     # e.g. KeyError('scores'), from deep in transformers
+        raise CorruptModelFileError(f"{path}: transformers cannot build its tokenizer from the tokenizer.ggml.* "
+                                    f"metadata ({type(e).__name__}: {e}): they are incomplete; re-download the file, "
+                                    "or convert the model again with llama.cpp's convert_hf_to_gguf.py") from e
     tok.backend_tokenizer.save(str(out / "tokenizer.json"))
     TokenizerMeta(name=name, chat_template=tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token,
                   eos_token_ids=(tok.eos_token_id,)).save(out / "tokenizer_meta.json")
@@ -574,6 +729,21 @@ def _save_gguf_tokenizer(path: Path, name: str, out: Path) -> None:
 # ---------------------------------------------------------------- Hugging Face directories and the Hub
 
 HF_TYPES = ("gpt2", "llama", "mistral", "qwen2")   # model_type values a directory may have; each tested vs transformers
+HF_SIZES = {"gpt2": ("n_embd", "n_layer", "n_head", "vocab_size", "n_positions"),       # read before any check
+            "llama": ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                      "max_position_embeddings")}
+
+
+def _check_sizes(hf: dict, path: Path) -> None:
+    """ValueError unless config.json states each size the loader divides by or loops over as a positive int."""
+    sizes = HF_SIZES["gpt2" if hf["model_type"] == "gpt2" else "llama"]
+    for key in sizes + (() if hf["model_type"] == "gpt2" else ("rms_norm_eps",)):
+        if key not in hf:
+            raise CorruptModelFileError(f"{path / 'config.json'} has no {key!r}: add it (transformers' "
+                                        "save_pretrained writes every one), or re-download the model")
+    for key in sizes:
+        if type(hf[key]) is not int or hf[key] < 1:
+            raise CorruptModelFileError(f"{path / 'config.json'}: {key} is {hf[key]!r}; it must be a positive int")
 
 
 def load_hf_dir(path: Path, name: str | None = None) -> Model:
@@ -582,29 +752,76 @@ def load_hf_dir(path: Path, name: str | None = None) -> Model:
     Anything in the config or the checkpoint that would change the maths and that llmwalk does not compute
     (RoPE scaling, another activation, extra tensors, ...) is refused with an UnsupportedModelError naming it.
     """
-    from safetensors.torch import load_file
     path = Path(path)
     if not (path / "config.json").exists():
         raise UnknownModelError(f"{path} has no config.json: not a Hugging Face model directory")
-    shards = sorted(path.glob("*.safetensors"))
-    if not shards:
-        pickles = [p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES]
-        if pickles:
-            raise PickleCheckpointError(_pickle_message(path / pickles[0]))
-        raise UnknownModelError(f"{path} has no *.safetensors weights")
-    hf = json.loads((path / "config.json").read_text())
+    shards = _weight_files(path)
+    hf = _read_json(path / "config.json")
     kind = hf.get("model_type")
     if kind not in HF_TYPES:
         raise UnsupportedModelError(f"{path}: model_type {kind!r} is not supported; llmwalk loads Hugging Face "
                                     f"directories of {', '.join(HF_TYPES)} (and llama/gemma3 GGUF files)")
     if hf.get("quantization_config"):
         _refuse(path, f"a quantized checkpoint ({hf['quantization_config'].get('quant_method')})")
+    _check_sizes(hf, path)
     sd: dict[str, Tensor] = {}
     for shard in shards:
-        sd.update(load_file(str(shard)))
+        sd.update(_read_safetensors(shard))
     name = name or path.name
     config, weights = (_gpt2_from_hf if kind == "gpt2" else _llama_from_hf)(hf, sd, name, path)
     return _finish(config, weights, _hf_dir_tokenizer(path, name, config), str(path))
+
+
+WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"   # transformers' SAFE_WEIGHTS_*
+
+
+def _weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a directory, chosen as transformers chooses them: model.safetensors, else the
+    shards its index lists. Any other *.safetensors (Mistral's consolidated.safetensors, a stray copy) is ignored,
+    as transformers ignores it, never merged."""
+    if (path / WEIGHTS).is_file():
+        return [path / WEIGHTS]
+    if (path / WEIGHTS_INDEX).is_file():
+        weight_map = _read_json(path / WEIGHTS_INDEX).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CorruptModelFileError(f"{path / WEIGHTS_INDEX} has no \"weight_map\" of tensor names to shard "
+                                        "files: re-download it (transformers' save_pretrained writes one)")
+        shards = sorted(set(map(str, weight_map.values())))
+        outside = [s for s in shards if Path(s).name != s or not s.endswith(".safetensors")]   # "../x", "a.bin"
+        missing = [s for s in shards if s not in outside and not (path / s).is_file()]
+        if outside or missing:
+            raise CorruptModelFileError(f"{path / WEIGHTS_INDEX} lists shards that are "
+                                        f"{'not safetensors files of the directory' if outside else 'missing'}: "
+                                        f"{', '.join(outside or missing)[:300]}; download every shard the index lists")
+        return [path / s for s in shards]
+    pickles = [p.name for p in path.iterdir() if p.suffix in PICKLE_SUFFIXES]
+    if pickles:
+        raise PickleCheckpointError(_pickle_message(path / pickles[0]))
+    others = sorted(p.name for p in path.glob("*.safetensors"))
+    raise UnknownModelError(f"{path} has no {WEIGHTS} and no {WEIGHTS_INDEX}"
+                            + (f" (only {', '.join(others[:4])}, which transformers would not load either): rename "
+                               f"the weights to {WEIGHTS}, or add the index that lists the shards" if others else ""))
+
+
+def _read_json(path: Path) -> dict:
+    """A JSON object from `path`, or a CorruptModelFileError naming the file (a symlink to /etc/passwd, a typo)."""
+    try:
+        value = json.loads(path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CorruptModelFileError(f"{path} is not valid JSON ({e}): fix or re-download it") from None
+    if not isinstance(value, dict):
+        raise CorruptModelFileError(f"{path} holds a JSON {type(value).__name__}, not an object: fix or re-download it")
+    return value
+
+
+def _read_safetensors(path: Path) -> dict[str, Tensor]:
+    """All tensors of a safetensors file, or a CorruptModelFileError naming it (safetensors' errors do not)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:
+        raise CorruptModelFileError(f"{path} is not a readable safetensors file ({e}): re-download it") from None
 
 
 def _refuse(path: Path, feature: str):
@@ -614,7 +831,7 @@ def _refuse(path: Path, feature: str):
 
 def _hf_dir_tokenizer(path: Path, name: str, config: Config) -> Tokenizer | None:
     if (path / "tokenizer.json").exists():
-        tc = json.loads((path / "tokenizer_config.json").read_text()) if (path / "tokenizer_config.json").exists() else {}
+        tc = _read_json(path / "tokenizer_config.json") if (path / "tokenizer_config.json").exists() else {}
         token = lambda v: v.get("content") if isinstance(v, dict) else v   # noqa: E731
         return HFTokenizer(path / "tokenizer.json", TokenizerMeta(
             name=name, chat_template=tc.get("chat_template"), bos_token=token(tc.get("bos_token")),
@@ -648,6 +865,7 @@ def _gpt2_from_hf(hf: dict, sd: dict[str, Tensor], name: str, path: Path) -> tup
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         _refuse(path, f"GPT-2 activation {hf['activation_function']!r} (only tanh-GELU)")
     ckpt = _Checkpoint({k.removeprefix("transformer."): v for k, v in sd.items()})
+    ckpt.check_layers(r"h\.(\d+)\.", hf["n_layer"], what=str(path), key="n_layer in config.json")
     d = hf["n_embd"]
     norm = lambda p: Norm(ckpt[f"{p}.weight"], ckpt[f"{p}.bias"])                  # noqa: E731
     lin = lambda p: Linear(ckpt[f"{p}.weight"], ckpt[f"{p}.bias"])                 # noqa: E731  Conv1D: [in, out]
@@ -708,11 +926,12 @@ def _llama_from_hf(hf: dict, sd: dict[str, Tensor], name: str, path: Path) -> tu
         _refuse(path, f"hidden_act={hf['hidden_act']!r} (llmwalk's SwiGLU uses silu)")
     d, nh = hf["hidden_size"], hf["num_attention_heads"]
     n_layer = hf["num_hidden_layers"]
+    ckpt = _Checkpoint(sd)
+    ckpt.check_layers(r"model\.layers\.(\d+)\.", n_layer, what=str(path), key="num_hidden_layers in config.json")
     sliding_window, global_layers = _window(hf, kind, n_layer, path)
     qkv_bias = kind == "qwen2" or (kind == "llama" and hf.get("attention_bias", False))
     o_bias = kind == "llama" and hf.get("attention_bias", False)
     mlp_bias = kind == "llama" and hf.get("mlp_bias", False)
-    ckpt = _Checkpoint(sd)
     norm = lambda p: Norm(ckpt[f"{p}.weight"])                                                    # noqa: E731
     lin = lambda p, bias: Linear(ckpt[f"{p}.weight"].T.contiguous(), ckpt[f"{p}.bias"] if bias else None)  # noqa: E731
     blocks = []
@@ -742,7 +961,7 @@ def _load_hub(name: str) -> Model:
     """GPT-2 family from the Hugging Face Hub: from the local HF cache if present, else downloaded (online)."""
     from huggingface_hub import snapshot_download
     repo = HUB[name]
-    patterns = ["config.json", "*.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    patterns = ["config.json", WEIGHTS, "model-*.safetensors", WEIGHTS_INDEX, "tokenizer.json", "tokenizer_config.json"]
     try:
         path = snapshot_download(repo, allow_patterns=patterns, local_files_only=True)
     except Exception:

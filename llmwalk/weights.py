@@ -57,6 +57,11 @@ class Config:
         for name in ("n_layer", "n_head", "n_kv_head", "d_model", "d_head", "d_ff", "vocab_size", "context_length"):
             if not isinstance(getattr(self, name), numbers.Integral) or getattr(self, name) < 1:
                 raise ValueError(f"Config.{name} must be a positive int, got {getattr(self, name)!r}")
+        for name in ("norm_eps", "rope_theta") + (("rope_theta_local",) if self.rope_theta_local is not None else ()):
+            value = getattr(self, name)      # a string here would pass until torch refused it mid-forward
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 < value < float("inf"):
+                raise TypeError(f"Config.{name} of {self.name!r} must be a positive finite number, got {value!r}: "
+                                "fix it in the model's config (e.g. rms_norm_eps: 1e-06, not \"1e-06\")")
         if self.n_head % self.n_kv_head:
             raise ValueError(f"Config.n_head={self.n_head} must be a multiple of n_kv_head={self.n_kv_head} "
                              "(each key/value head serves a whole group of query heads)")

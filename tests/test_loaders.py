@@ -147,14 +147,22 @@ def test_quantized_checkpoints_are_refused(tmp_path):
 
 # ---------------------------------------------------------------- GGUF files a user may pass: llama and gemma3 only
 
-def tiny_gguf(path, arch="llama", rope_scaling=False, extra_tensors=()):
-    """A one-layer fp32 GGUF file written with gguf's own writer (d_model 8, 2 heads, vocab 4)."""
+def tiny_gguf(path, arch="llama", rope_scaling=False, extra_tensors=(), *, block_count=1, head_count=2,
+              tokens=True, scores=True):
+    """A one-layer fp32 GGUF file written with gguf's own writer (d_model 8, 2 heads, a sentencepiece vocab of 4).
+
+    The keyword arguments make it hostile: a block_count or head_count its tensors do not have, no vocabulary.
+    """
     import gguf
     import numpy as np
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_block_count(1), w.add_embedding_length(8), w.add_head_count(2), w.add_head_count_kv(2)
+    w.add_block_count(block_count), w.add_embedding_length(8), w.add_head_count(head_count), w.add_head_count_kv(2)
     w.add_feed_forward_length(16), w.add_context_length(32), w.add_layer_norm_rms_eps(1e-5)
-    w.add_token_list(["a", "b", "c", "d"])
+    w.add_tokenizer_model("llama")
+    if tokens:
+        w.add_token_list(["<unk>", "<s>", "a", "b"])
+    if scores:
+        w.add_token_scores([0.0, 0.0, -1.0, -2.0])
     if rope_scaling:
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(2.0)

@@ -1,0 +1,250 @@
+"""Hostile model files (reliability review, sections 1.7 and B1, B2, B7, B20, B21): nothing hangs, nothing lies.
+
+Each hostile load runs in a child process under a 3 GB address-space limit and a generous timeout: before the
+fixes, the first two GGUF files below looped until memory ran out. Each must end with a ValueError (or TypeError)
+that names the file and the fix. Writing the files by hand keeps every claimed count exactly where the review put it.
+"""
+import json
+import os
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import llmwalk as lw
+from llmwalk import models
+from llmwalk.models import CorruptModelFileError, UnknownModelError
+from test_loaders import max_logit_diff, saved, tiny, tiny_gguf
+
+ROOT = Path(__file__).resolve().parents[1]
+CAP = 3 << 30           # bytes of address space for the child (torch alone maps ~1 GB)
+TIMEOUT = 120           # seconds: only "it ends at all", the child reports its own time and peak memory
+
+CHILD = """
+import json, resource, sys, time
+import llmwalk as lw
+t = time.perf_counter()                 # the load alone: importing torch takes seconds on a loaded machine
+try:
+    lw.load_model(sys.argv[1], progress=False)
+    out = {"type": None, "msg": ""}
+except Exception as e:
+    out = {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "msg": str(e)}
+out.update(seconds=time.perf_counter() - t, peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+print(json.dumps(out))
+"""
+
+
+def load_capped(path, cache) -> dict:
+    """lw.load_model(path) in a child process under CAP and TIMEOUT: its exception type, message, time, peak RSS."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
+    env = {**os.environ, "LLMWALK_CACHE": str(cache), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=TIMEOUT, preexec_fn=limit)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    print(f"{Path(path).name}: {out['type']} in {out['seconds']:.2f} s, peak {out['peak_mb']:.0f} MB")
+    return out
+
+
+def refused(path, cache, *needles, file=None) -> dict:
+    """Assert the capped load of `path` raised a ValueError/TypeError naming `file` (default: `path`) and saying
+    each of `needles`."""
+    out = load_capped(path, cache)
+    assert {"ValueError", "TypeError"} & set(out.get("mro", ())), out
+    for needle in (str(file or path),) + needles:
+        assert needle in out["msg"], (needle, out["msg"])
+    return out
+
+
+# ---------------------------------------------------------------- GGUF headers written byte by byte
+
+def s(b: bytes) -> bytes:
+    return struct.pack("<Q", len(b)) + b
+
+
+ARCH = s(b"general.architecture") + struct.pack("<I", 8) + s(b"llama")
+
+
+def header(n_tensors=0, n_kv=2) -> bytes:
+    return b"GGUF" + struct.pack("<IQQ", 3, n_tensors, n_kv)
+
+
+HOSTILE_GGUF = {   # name: (file bytes, what the error must say)
+    # B1 / H1: a uint8 array claiming 10^12 elements in 178 bytes (GGUFReader loops forever on it)
+    "array_1e12": (header() + ARCH + s(b"tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 0, 10**12) + bytes(64),
+                   "claims 1000000000000"),     # items (the count) or bytes (the skip): two bounds
+    # H2: an array of strings claiming 10^12
+    "strarray_1e12": (header() + ARCH + s(b"tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 10**12) + bytes(64),
+                      "claims 1000000000000 items"),
+    # H3: one string 10 GB long
+    "string_10gb": (header(n_kv=1) + s(b"general.architecture") + struct.pack("<IQ", 8, 10 * 10**9) + b"llama",
+                    "claims 10000000000 bytes"),
+    # H4: 10^12 metadata keys; then 10^12 tensors
+    "kvcount_1e12": (header(n_kv=10**12) + ARCH, "metadata key count claims"),
+    "tensorcount_1e12": (header(n_tensors=10**12) + ARCH, "tensor count claims"),
+    # a tensor claiming 10^6 x 10^6 fp32 values in a file of a few hundred bytes
+    "tensor_1e12": (header(n_tensors=1, n_kv=1) + ARCH + s(b"token_embd.weight")
+                    + struct.pack("<IQQIQ", 2, 10**6, 10**6, 0, 0) + bytes(64), "claims shape [1000000, 1000000]"),
+    "tensor_100_dims": (header(n_tensors=1, n_kv=1) + ARCH + s(b"token_embd.weight") + struct.pack("<I", 100)
+                        + bytes(900), "100 dimensions"),
+    "unknown_value_type": (header(n_kv=1) + s(b"x") + struct.pack("<I", 77) + bytes(64), "value type 77"),
+    "nested_arrays": (header(n_kv=1) + s(b"x") + struct.pack("<I", 9) + struct.pack("<IQ", 9, 1) * 40 + bytes(64),
+                      "nested 2 deep"),
+    "version_7": (b"GGUF" + struct.pack("<IQQ", 7, 0, 0) + bytes(64), "GGUF version 7"),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_GGUF)
+def test_hostile_gguf_headers_end_with_a_clear_error(tmp_path, name):
+    data, says = HOSTILE_GGUF[name]
+    path = tmp_path / f"{name}.gguf"
+    path.write_bytes(data)
+    refused(path, tmp_path / "cache", says, "re-download it")
+
+
+def test_gguf_magic_is_checked_before_hashing(tmp_path, monkeypatch):
+    """B20: a 10 GB sparse file named .gguf is refused at its first 4 bytes, without hashing it."""
+    path = tmp_path / "sparse_10g.gguf"
+    with open(path, "wb") as f:
+        f.truncate(10 * 10**9)
+    monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "sha256_of", lambda p: pytest.fail(f"hashed {p}"))
+    with pytest.raises(CorruptModelFileError, match=r"sparse_10g.gguf is not a GGUF file .*'GGUF'"):
+        lw.load_model(path)
+
+
+# ---------------------------------------------------------------- GGUF files whose header is valid, but whose claims are not
+
+def test_the_tiny_gguf_is_a_valid_model(tmp_path):
+    """The control for the cases below: without a hostile change the same file loads (and under an upper-case
+    suffix, H11, which used to give "no such file")."""
+    path = tiny_gguf(tmp_path / "tiny.GGUF")
+    assert load_capped(path, tmp_path / "cache")["type"] is None
+
+
+@pytest.mark.parametrize("kwargs,says", [
+    ({"block_count": 10**9}, "block_count is 1000000000 but its tensors hold layers 0..0"),     # B2 / H5
+    ({"block_count": 2}, "block_count is 2 but its tensors hold layers 0..0"),
+    ({"head_count": 0}, "llama.attention.head_count is 0, it must be >= 1"),                    # H7
+    ({"tokens": False}, "lacks the GGUF metadata tokenizer.ggml.tokens"),                       # H8
+    ({"scores": False}, "cannot build its tokenizer"),                                          # H9
+])
+def test_gguf_claims_its_tensors_do_not_back_are_refused(tmp_path, kwargs, says):
+    refused(tiny_gguf(tmp_path / "tiny.gguf", **kwargs), tmp_path / "cache", says, "re-download")
+
+
+def test_a_full_disk_during_conversion_says_so(tmp_path, monkeypatch):
+    """C4: safetensors reports a full disk as a raw SafetensorError; the error names the cache and the fix."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(models.CacheNotWritableError, match=rf"disk holding {tmp_path / 'cache'} is full: .* needs "
+                                                           r"\d+ MB there.*LLMWALK_CACHE"):
+        lw.load_model(tiny_gguf(tmp_path / "tiny.gguf"), progress=False)
+
+
+# ---------------------------------------------------------------- Hugging Face directories
+
+def edit_config(path, **changes):
+    config = json.loads((path / "config.json").read_text())
+    config.update(changes)
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return path
+
+
+@pytest.mark.parametrize("changes,error,says", [
+    ({"num_hidden_layers": 10**9}, "CorruptModelFileError",                                      # H12
+     "num_hidden_layers in config.json is 1000000000 but its tensors hold layers 0..2"),
+    ({"num_attention_heads": 0}, "CorruptModelFileError", "num_attention_heads is 0; it must be a positive int"),
+    ({"hidden_size": None}, "CorruptModelFileError", "config.json has no 'hidden_size'"),
+    ({"rms_norm_eps": "1e-6"}, "TypeError", "Config.norm_eps of 'model' must be a positive finite number, got '1e-6'"),
+])
+def test_hf_config_claims_are_checked(tmp_path, changes, error, says):
+    path = edit_config(saved(tiny("llama"), tmp_path), **changes)
+    out = load_capped(path, tmp_path / "cache")
+    assert out["type"] == error and says in out["msg"], out
+
+
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "model.safetensors"])
+def test_files_that_are_not_what_they_say_are_named(tmp_path, name):
+    """H17/H24: a symlink to /etc/passwd (or any non-JSON text) gave raw parse errors naming no file."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    path = saved(tiny("llama"), tmp_path)
+    Tokenizer(WordLevel({"<unk>": 0, "a": 1}, unk_token="<unk>")).save(str(path / "tokenizer.json"))  # read with it
+    (path / name).unlink(missing_ok=True)
+    (path / name).symlink_to("/etc/passwd")
+    refused(path, tmp_path / "cache", "re-download", file=path / name)
+
+
+def test_a_safetensors_header_claiming_a_huge_tensor_is_named(tmp_path):
+    """H19: a [100000, 100000] fp32 tensor claimed in a 100-byte file."""
+    path = saved(tiny("llama"), tmp_path)
+    head = json.dumps({"w": {"dtype": "F32", "shape": [100000, 100000], "data_offsets": [0, 4 * 10**10]}}).encode()
+    (path / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head + bytes(8))
+    refused(path, tmp_path / "cache", "not a readable safetensors file", file=path / "model.safetensors")
+
+
+# ---------------------------------------------------------------- which weight files a directory means (B7)
+
+def from_transformers(path):
+    import transformers as tf
+    return tf.AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+IDS = list(range(1, 30))
+
+
+def test_a_stray_safetensors_file_is_not_merged(tmp_path):
+    """H21: zz-override.safetensors redefining the final norm changed the logits by 382; transformers ignores it."""
+    from safetensors.torch import save_file
+    hf = tiny("llama")
+    path = saved(hf, tmp_path)
+    save_file({"model.norm.weight": torch.full((64,), 1000.0)}, str(path / "zz-override.safetensors"))
+    assert max_logit_diff(lw.load_model(path), from_transformers(path), IDS) <= 1e-4
+    assert max_logit_diff(lw.load_model(path), hf, IDS) <= 1e-4
+
+
+def test_mistral_hub_layout_loads_from_the_index(tmp_path):
+    """H22: shards + model.safetensors.index.json + consolidated.safetensors (Mistral's native names)."""
+    from safetensors.torch import save_file
+    hf = tiny("mistral", sliding_window=8)
+    path = tmp_path / "model"
+    hf.save_pretrained(path, safe_serialization=True, max_shard_size="100KB")
+    assert not (path / "model.safetensors").exists() and len(list(path.glob("model-*.safetensors"))) > 1
+    native = {k.replace("model.layers.", "layers.").replace("self_attn.k_proj", "attention.wk"): v.clone()
+              for k, v in hf.state_dict().items()}
+    save_file(native, str(path / "consolidated.safetensors"))
+    assert max_logit_diff(lw.load_model(path), from_transformers(path), IDS) <= 1e-4
+
+
+def test_a_directory_without_the_standard_weight_names_is_refused_like_transformers(tmp_path):
+    path = saved(tiny("llama"), tmp_path)
+    (path / "model.safetensors").rename(path / "weights.safetensors")
+    with pytest.raises(OSError):
+        from_transformers(path)
+    with pytest.raises(UnknownModelError, match=r"no model.safetensors .*only weights.safetensors.*rename"):
+        lw.load_model(path)
+
+
+@pytest.mark.parametrize("shard,says", [("../model.safetensors", "not safetensors files of the directory"),
+                                        ("model-00009-of-00009.safetensors", "missing")])
+def test_an_index_naming_shards_outside_or_missing_is_refused(tmp_path, shard, says):
+    path = tmp_path / "model"
+    tiny("llama").save_pretrained(path, safe_serialization=True, max_shard_size="100KB")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.norm.weight"] = shard
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(next(path.glob("model-*.safetensors")), tmp_path / "model.safetensors")    # what "../" would reach
+    with pytest.raises(CorruptModelFileError, match=rf"index.json lists shards that are {says}: {shard}"):
+        lw.load_model(path)
