@@ -62,12 +62,20 @@ def norm(x: Tensor, w: Norm, config: Config) -> Tensor:
     return rms_norm(x, w, config.norm_eps)
 
 
+def _is_count(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
+
+
 def causal_mask(t: int, s: int | None = None, window: int | None = None) -> Tensor:
     """True where query i may look at key j: j <= i (never the future), and within `window` if given.
 
     The t queries are the last t of the s keys (s > t when a KV cache holds the earlier ones).  # -> [t, s] bool
     """
     s = t if s is None else s
+    if not (_is_count(t) and _is_count(s) and t <= s):
+        raise ValueError(f"causal_mask needs ints 0 <= t <= s (t queries, the last of s keys), got t={t!r}, s={s!r}")
+    if window is not None and not (_is_count(window) and window >= 1):
+        raise ValueError(f"window must be an int >= 1 (keys within `window` positions), got {window!r}")
     q_pos = torch.arange(s - t, s)[:, None]
     k_pos = torch.arange(s)[None, :]
     allowed = k_pos <= q_pos

@@ -158,6 +158,8 @@ def available_models() -> dict[str, str]:
 
 def is_installed(name: str) -> bool:
     """Whether a registered offline model's package is installed (e.g. the optional 'gemma3-270m')."""
+    if name not in REGISTRY:
+        raise ValueError(f"unknown model {name!r}: the registered models are {', '.join(sorted(REGISTRY))}")
     try:
         importlib.metadata.distribution(REGISTRY[name].dist)
         return True
@@ -961,7 +963,8 @@ def _load_hub(name: str) -> Model:
     """GPT-2 family from the Hugging Face Hub: from the local HF cache if present, else downloaded (online)."""
     from huggingface_hub import snapshot_download
     repo = HUB[name]
-    patterns = ["config.json", WEIGHTS, "model-*.safetensors", WEIGHTS_INDEX, "tokenizer.json", "tokenizer_config.json"]
+    patterns = ["config.json", WEIGHTS, "model-*.safetensors", WEIGHTS_INDEX, "tokenizer.json", "tokenizer_config.json",
+                "chat_template.jinja", "additional_chat_templates/*.jinja"]   # where tokens.py looks for templates
     try:
         path = snapshot_download(repo, allow_patterns=patterns, local_files_only=True)
     except Exception:

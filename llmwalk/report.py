@@ -53,6 +53,13 @@ class Table:
 
 def table(rows, header, title: str = "", note: str = "") -> Table:
     """Build a Table; floats are shown with 4 significant digits."""
+    if isinstance(header, str) or not isinstance(header, (list, tuple)) or not header:
+        raise TypeError(f"header must be a list of column names, got {header!r}")
+    rows = [tuple(r) for r in rows]
+    ragged = [i for i, r in enumerate(rows) if len(r) != len(header)]
+    if ragged:
+        raise ValueError(f"rows {ragged} do not have {len(header)} cells (one per column of the header): "
+                         "give every row one value per column")
     return Table(tuple(header), tuple(tuple(_cell(v) for v in row) for row in rows), title, note)
 
 

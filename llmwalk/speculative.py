@@ -61,6 +61,10 @@ def verify(p_target: Tensor, p_draft: Tensor | None, drafted: Sequence[int],
     output token then follows p exactly: P(x) = min(q(x), p(x)) + P(reject) · residual(x) = p(x).
     """
     k = len(drafted)
+    bad = [x for x in drafted if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < p_target.shape[-1]]
+    if bad:
+        raise ValueError(f"drafted ids {bad} are not token ids of a {p_target.shape[-1]}-token vocabulary: draft with "
+                         "a model (or lookup) that shares the target's tokenizer")
     q = p_draft if p_draft is not None else one_hot(drafted, p_target.shape[-1])
     if p_target.shape[0] != k + 1 or q.shape[0] != k or q.shape[-1] != p_target.shape[-1]:
         raise ValueError(f"{k} drafted tokens need target rows [{k + 1}, vocab] and draft rows [{k}, vocab], got "
@@ -264,6 +268,9 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
     tic = time.perf_counter()
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k (tokens drafted per round) must be an int >= 1, got {k!r}")
+    if not isinstance(draft, Draft):
+        raise TypeError(f"draft must be a Draft, got {type(draft).__name__}: wrap a small model as ModelDraft(model), "
+                        "or use PromptLookupDraft() / EarlyExitDraft(target, n_layers)")
     sampler = Sampler(temperature, top_k, top_p, min_p)
     loop = prepare(target, prompt, max_new_tokens=max_new_tokens, sampler=sampler, seed=seed, generator=generator,
                    chat=chat, stop_at_eos=stop_at_eos, top_n=0)

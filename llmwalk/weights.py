@@ -223,4 +223,7 @@ def map_tensors(obj, fn):
 
 def to_dtype(weights: Weights, dtype: torch.dtype) -> Weights:
     """The same weights in another float dtype (e.g. torch.bfloat16)."""
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"to_dtype needs a float dtype (torch.float32, torch.bfloat16, torch.float16), got {dtype!r}: "
+                        "for integer weights use lw.quantize_model(model, bits=8)")
     return map_tensors(weights, lambda t: t.to(dtype))
