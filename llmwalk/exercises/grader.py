@@ -114,6 +114,14 @@ def show(x, limit: int = 12) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def _shown(x) -> str:
+    """show(x) for the learner's answer, which may be a tensor without data (sparse, meta) or raise in __repr__."""
+    try:
+        return show(x)
+    except Exception as odd:
+        return t("exercises.show.unreadable", type=type(x).__name__, error=type(odd).__name__)
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -368,10 +376,12 @@ def _verdict(ex: Exercise, case: Case, expected, outcome: _Outcome, timeout: flo
               tuple((name, show(arg)) for name, arg in zip(ex.params, case.args)))
     error = outcome.error
     if outcome.late:
-        key, frames = (("exercises.grader.still_running", outcome.running) if outcome.running is not None else
-                       ("exercises.grader.timeout", traceback.extract_tb(error.__traceback__) if error else []))
-        return Result(ex.name, False, t(key, seconds=f"{timeout:g}", case=case.label, where=_learner_line(frames)),
-                      case.label, inputs, case.hint)
+        late = dict(seconds=f"{timeout:g}", case=case.label)
+        message = (t("exercises.grader.still_running", **late, where=_learner_line(outcome.running))
+                   if outcome.running is not None else
+                   t("exercises.grader.timeout", **late,
+                     where=_learner_line(traceback.extract_tb(error.__traceback__) if error else [])))
+        return Result(ex.name, False, message, case.label, inputs, case.hint)
     if isinstance(error, NotImplementedError):
         return Result(ex.name, False, t("exercises.grader.not_implemented"))
     if error is not None:       # a wrong answer may raise anything, SystemExit too; the learner sees which case and where
@@ -381,13 +391,14 @@ def _verdict(ex: Exercise, case: Case, expected, outcome: _Outcome, timeout: flo
                       case.label, inputs, case.hint)
     got = outcome.value
     try:
-        if not (problem := compare(expected, got, ex)):
-            return None
-        details = inputs + ((t("exercises.grader.expected"), show(expected)), (t("exercises.grader.got"), show(got)))
-    except Exception as odd:    # a value the grader cannot even read: a sparse tensor, a __repr__ that raises ...
+        problem = compare(expected, got, ex)
+    except Exception as odd:    # a value the grader cannot even read: an int whose __repr__ raises ...
         return Result(ex.name, False, t("exercises.grader.unreadable", case=case.label, type=type(got).__name__,
                                         error=type(odd).__name__, text=_first_line(odd)), case.label, inputs,
                       case.hint)
+    if not problem:
+        return None
+    details = inputs + ((t("exercises.grader.expected"), show(expected)), (t("exercises.grader.got"), _shown(got)))
     try:
         hint = ex.diagnose(case, expected, got) or case.hint
     except Exception:  # an answer odd enough to trip a diagnosis still gets the case's own hint
