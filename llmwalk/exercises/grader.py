@@ -312,13 +312,13 @@ def _run(call: Callable[[], Any], timeout: float | None) -> _Outcome:
 
     def work():
         try:
-            sys.settrace(tracer)
-            try:
-                done.append(_Outcome(value=call()))
-            finally:
-                sys.settrace(None)
-        except BaseException as error:          # the learner's, or a _TookTooLong armed on its last line
-            done.append(_Outcome(error=error))
+            sys.settrace(tracer)                # this thread only; it ends with the call
+            try:                                # no Python call here but the learner's: each would be traced
+                done.append((call(), None))
+            except BaseException as error:      # the learner's, or the _TookTooLong that stopped it
+                done.append((None, error))
+        except _TookTooLong:    # one more, armed as the function unwound, arrives here: what happened is recorded
+            pass
 
     worker = threading.Thread(target=work, name="llmwalk-exercise", daemon=True)
     worker.start()
@@ -329,8 +329,8 @@ def _run(call: Callable[[], Any], timeout: float | None) -> _Outcome:
             stop.set()
             worker.join(_GRACE)
     if not stop.is_set():
-        return done[0]
-    error = done[0].error if done else None
+        return _Outcome(*done[0])
+    error = done[0][1] if done else None        # none when the stray stop arrived before a late value was kept
     frame = sys._current_frames().get(worker.ident) if worker.is_alive() else None
     return _Outcome(error=error, late=True, running=traceback.extract_stack(frame) if frame else None)
 
