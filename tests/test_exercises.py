@@ -268,7 +268,7 @@ def test_an_answer_that_trips_a_diagnosis_still_gets_a_verdict():
 # ---------------------------------------------------------------- a function that never returns, or returns something odd
 
 def _exercise_threads():
-    return [th for th in threading.enumerate() if th.name == "llmwalk-exercise"]
+    return [th for th in threading.enumerate() if th.name == "llmwalk-exercise" and th.is_alive()]
 
 
 def test_a_function_that_never_returns_is_stopped_with_a_friendly_message():
@@ -323,6 +323,25 @@ def test_a_call_that_cannot_be_interrupted_gets_its_verdict_anyway(monkeypatch):
     assert "in softmax, line" in result.message and "held.acquire()" in result.message
     for th in _exercise_threads():
         th.join(30)
+    assert not _exercise_threads()
+
+
+def test_an_interrupt_stops_a_bare_except_loop_even_when_it_lands_on_the_worker_thread():
+    """The kernel's interrupt (SIGINT) may be delivered to any thread; with no time limit, it is the only way out."""
+    def softmax(logits):
+        while True:
+            try:
+                time.sleep(0.01)
+            except:                                         # noqa: E722  swallows the KeyboardInterrupt too
+                pass
+
+    def interrupt():
+        while not _exercise_threads():
+            time.sleep(0.01)
+        signal.pthread_kill(_exercise_threads()[0].ident, signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        check("softmax", softmax, timeout=None)
     assert not _exercise_threads()
 
 

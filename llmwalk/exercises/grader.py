@@ -1,10 +1,10 @@
 """The grader: run a learner's function on an exercise's cases, compare with llmwalk's own, explain the first miss."""
 from __future__ import annotations
 
-import ctypes
 import math
 import sys
 import threading
+import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -286,10 +286,6 @@ def _checked_timeout(timeout) -> float | None:
     return float(timeout)
 
 
-def _raise_in(thread_id: int) -> None:
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(_TookTooLong))
-
-
 @dataclass
 class _Outcome:
     value: Any = None
@@ -298,40 +294,63 @@ class _Outcome:
     running: traceback.StackSummary | None = None   # where it still runs, when even stopping it did not end it
 
 
+def _wait(event: threading.Event, seconds: float | None) -> bool:
+    """event.wait in short waits: an interrupt (SIGINT) that lands on the worker thread reaches the main one only
+    when it wakes up. (Not Thread.join: interrupted, it marks a running thread as ended.)"""
+    end = math.inf if seconds is None else time.monotonic() + seconds
+    while not event.is_set() and (now := time.monotonic()) < end:
+        event.wait(min(0.1, end - now))
+    return event.is_set()
+
+
 def _run(call: Callable[[], Any], timeout: float | None) -> _Outcome:
-    """call() in a worker thread, stopped when `timeout` seconds have passed. Stopping arms _TookTooLong at every
-    line the function runs from then on, so a bare `except:` that swallows one meets the next at its own next line.
-    One long torch operation (a huge matmul) or time.sleep cannot be interrupted: after _GRACE more seconds the
-    verdict comes anyway, and the thread ends on its own when that operation returns to Python."""
-    stop, done = threading.Event(), []
+    """call() in a worker thread, stopped when `timeout` seconds have passed: from then on a trace hook raises
+    _TookTooLong at every line. Python switches tracing off after a hook raised, so a profile hook (called at every
+    function call) puts it back: a bare `except:` that swallows one stop meets the next. One long torch operation (a
+    huge matmul) or time.sleep cannot be interrupted: after _GRACE more seconds the verdict comes anyway, and the
+    thread ends when that operation returns to Python."""
+    stopping, finished, done = [False], threading.Event(), []     # stopping[0]: a list item, read without a call
 
     def tracer(frame, event, arg):
-        if stop.is_set():
-            _raise_in(threading.get_ident())    # raising in a trace function would switch tracing off
+        if stopping[0] and event == "line":    # not while unwinding ("return"): that would hide the learner's line
+            raise _TookTooLong
         return tracer
 
-    def work():
-        try:
-            sys.settrace(tracer)                # this thread only; it ends with the call
-            try:                                # no Python call here but the learner's: each would be traced
-                done.append((call(), None))
-            except BaseException as error:      # the learner's, or the _TookTooLong that stopped it
-                done.append((None, error))
-        except _TookTooLong:    # one more, armed as the function unwound, arrives here: what happened is recorded
-            pass
+    def profiler(frame, event, arg):
+        if stopping[0] and sys.gettrace() is None:
+            sys.settrace(tracer)
+            while frame is not None and frame is not outer:     # the learner's frames, not the worker's own
+                frame.f_trace = tracer
+                frame = frame.f_back
 
+    def work():
+        nonlocal outer
+        outer = sys._getframe()
+        sys.settrace(tracer)                    # this thread only
+        sys.setprofile(profiler)
+        try:
+            done.append((call(), None))
+        except BaseException as error:          # the learner's, or the _TookTooLong that stopped it
+            done.append((None, error))
+        stopping[0] = False                     # the learner's code is over: nothing may raise in ours
+        sys.setprofile(None)
+        sys.settrace(None)
+        finished.set()
+
+    outer = None
     worker = threading.Thread(target=work, name="llmwalk-exercise", daemon=True)
     worker.start()
+    late = False
     try:
-        worker.join(timeout)
+        _wait(finished, timeout)
     finally:                                    # the time is up, or the learner interrupted the kernel
-        if worker.is_alive():
-            stop.set()
-            worker.join(_GRACE)
-    if not stop.is_set():
+        if not finished.is_set():
+            late = stopping[0] = True
+            _wait(finished, _GRACE)
+    if not late:
         return _Outcome(*done[0])
-    error = done[0][1] if done else None        # none when the stray stop arrived before a late value was kept
-    frame = sys._current_frames().get(worker.ident) if worker.is_alive() else None
+    error = done[0][1] if done else None
+    frame = None if finished.is_set() else sys._current_frames().get(worker.ident)
     return _Outcome(error=error, late=True, running=traceback.extract_stack(frame) if frame else None)
 
 
