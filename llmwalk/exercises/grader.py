@@ -304,11 +304,10 @@ def _wait(event: threading.Event, seconds: float | None) -> bool:
 
 
 def _run(call: Callable[[], Any], timeout: float | None) -> _Outcome:
-    """call() in a worker thread, stopped when `timeout` seconds have passed: from then on a trace hook raises
-    _TookTooLong at every line. Python switches tracing off after a hook raised, so a profile hook (called at every
-    function call) puts it back: a bare `except:` that swallows one stop meets the next. One long torch operation (a
-    huge matmul) or time.sleep cannot be interrupted: after _GRACE more seconds the verdict comes anyway, and the
-    thread ends when that operation returns to Python."""
+    """call() in a worker thread, stopped when `timeout` seconds have passed: a trace hook raises _TookTooLong at
+    the next line it runs. Python switches tracing off after a hook raised, so a bare `except:` around the very line
+    the stop lands on swallows it and the loop goes on; so does one long torch operation (a huge matmul) or
+    time.sleep, which no hook can interrupt. Either way the verdict comes _GRACE seconds later, and says so."""
     stopping, finished, done = [False], threading.Event(), []     # stopping[0]: a list item, read without a call
 
     def tracer(frame, event, arg):
@@ -316,28 +315,16 @@ def _run(call: Callable[[], Any], timeout: float | None) -> _Outcome:
             raise _TookTooLong
         return tracer
 
-    def profiler(frame, event, arg):
-        if stopping[0] and sys.gettrace() is None:
-            sys.settrace(tracer)
-            while frame is not None and frame is not outer:     # the learner's frames, not the worker's own
-                frame.f_trace = tracer
-                frame = frame.f_back
-
     def work():
-        nonlocal outer
-        outer = sys._getframe()
         sys.settrace(tracer)                    # this thread only
-        sys.setprofile(profiler)
         try:
             done.append((call(), None))
         except BaseException as error:          # the learner's, or the _TookTooLong that stopped it
             done.append((None, error))
         stopping[0] = False                     # the learner's code is over: nothing may raise in ours
-        sys.setprofile(None)
         sys.settrace(None)
         finished.set()
 
-    outer = None
     worker = threading.Thread(target=work, name="llmwalk-exercise", daemon=True)
     worker.start()
     late = False
