@@ -1,6 +1,10 @@
 """The grader: every solution and llmwalk's own code pass; a catalogue of classic mistakes is rejected, each on the
 case that exposes it and with the hint that names it; a raising, stubbed or shapeless answer never raises."""
 import math
+import signal
+import sys
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -9,6 +13,7 @@ import torch.nn.functional as F
 
 import llmwalk as lw
 from llmwalk.exercises import EXERCISES, Case, Exercise, check, exercises, reveal, solutions
+from llmwalk.exercises import grader
 from llmwalk.exercises.grader import grade
 
 NEG_INF = float("-inf")
@@ -260,27 +265,237 @@ def test_an_answer_that_trips_a_diagnosis_still_gets_a_verdict():
     assert not result.passed and result.case == "ones" and result.hint == "multiply by 2"
 
 
-# ---------------------------------------------------------------- a function that never returns; the learner's language
+# ---------------------------------------------------------------- a function that never returns, or returns something odd
+
+def _exercise_threads():
+    return [th for th in threading.enumerate() if th.name == "llmwalk-exercise" and th.is_alive()]
+
 
 def test_a_function_that_never_returns_is_stopped_with_a_friendly_message():
     def bpe(piece, ranks):
         parts = [bytes([b]) for b in piece]
         while len(parts) > 0:                               # never false: the learner forgot to stop
             pass
-    result = grade(EXERCISES["bpe"], bpe, timeout=0.3)
+    result = grade(EXERCISES["bpe"], bpe, timeout=0.2)
     assert not result.passed and result.case == "one byte"
-    assert "did not finish within 0.3 s" in result.message and "in bpe, line" in result.message
-    assert "Traceback" not in str(result)
+    assert "did not finish within 0.2 s" in result.message and "in bpe, line" in result.message
+    assert "Traceback" not in str(result) and not _exercise_threads()
 
 
-def test_the_time_limit_is_lifted_after_grading():
-    """A later slow cell must not be interrupted by a stale alarm."""
-    import signal
-    import time
-    before = signal.getsignal(signal.SIGALRM)
-    assert grade(EXERCISES["softmax"], solutions.softmax, timeout=0.3).passed
-    time.sleep(0.5)                                         # would raise here if the alarm were still armed
-    assert signal.getsignal(signal.SIGALRM) is before and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+def test_a_bare_except_cannot_swallow_the_time_limit():
+    """Report X10, which never returned. The verdict comes in time; the loop itself ends unless the stop landed on
+    the line inside its `try` (then it runs on until the test lets it go)."""
+    let_go = threading.Event()
+
+    def softmax(logits):
+        while not let_go.is_set():
+            try:
+                time.sleep(0.01)
+            except:                                         # noqa: E722  swallows a stop
+                pass
+    try:
+        result = check("softmax", softmax, timeout=0.2)
+    finally:
+        let_go.set()
+    assert not result.passed and "did not finish within 0.2 s" in result.message
+    for th in _exercise_threads():
+        th.join(30)
+
+
+def test_an_answer_returned_after_the_time_is_up_is_still_too_late():
+    """A function that catches the stop and returns the right ids got "all cases pass" after 100 s (report X12)."""
+    def greedy_generate(next_logits, prompt_ids, n):
+        try:
+            while True:
+                pass
+        except BaseException:
+            return solutions.greedy_generate(next_logits, prompt_ids, n)
+    result = check("greedy_generate", greedy_generate, timeout=0.2)
+    assert not result.passed and "did not finish within 0.2 s" in result.message
+    # one line that ends in C code returns its (right) value after the stop without running another line
+    result = check("softmax", lambda x: (time.sleep(0.3), x.softmax(-1))[1], timeout=0.2)
+    assert not result.passed and "did not finish within 0.2 s" in result.message
+
+
+def test_a_call_that_cannot_be_interrupted_gets_its_verdict_anyway(monkeypatch):
+    """Waiting for a lock, like one huge matmul or time.sleep, runs in C where nothing can stop it: the verdict comes
+    after the grace period, says so, and the thread ends once the call returns."""
+    monkeypatch.setattr(grader, "_GRACE", 0.05)
+    held = threading.Lock()
+    held.acquire()
+
+    def softmax(logits):
+        held.acquire()                                      # stands for one uninterruptible torch call
+        return logits.softmax(-1)
+    try:
+        result = check("softmax", softmax, timeout=0.2)
+    finally:
+        held.release()
+    assert not result.passed and "cannot be interrupted" in result.message
+    assert "in softmax, line" in result.message and "held.acquire()" in result.message
+    for th in _exercise_threads():
+        th.join(30)
+    assert not _exercise_threads()
+
+
+def test_an_interrupt_stops_a_bare_except_loop_even_when_it_lands_on_the_worker_thread():
+    """The kernel's interrupt (SIGINT) may be delivered to any thread; with no time limit, it is the only way out."""
+    def softmax(logits):
+        while True:
+            try:
+                time.sleep(0.01)
+            except:                                         # noqa: E722  swallows the KeyboardInterrupt too
+                pass
+
+    def interrupt():
+        while not _exercise_threads():
+            time.sleep(0.01)
+        signal.pthread_kill(_exercise_threads()[0].ident, signal.SIGINT)
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        check("softmax", softmax, timeout=None)
+    assert not _exercise_threads()
+
+
+def test_the_grader_leaves_no_alarm_tracer_or_thread_behind(monkeypatch):
+    """The old alarm could cancel someone else's or fire in a later cell: grading now never touches signals."""
+    def refuse(*args):
+        raise AssertionError("the grader touched SIGALRM")
+    monkeypatch.setattr(signal, "setitimer", refuse)
+    monkeypatch.setattr(signal, "signal", refuse)
+    tracer = sys.gettrace()
+    assert check("softmax", solutions.softmax).passed
+    assert sys.gettrace() is tracer and not _exercise_threads()
+
+
+@pytest.mark.parametrize("timeout, error", [(-1, ValueError), (0, ValueError), (1e-6, ValueError),
+                                            (math.inf, ValueError), (math.nan, ValueError), ("10", TypeError),
+                                            (True, TypeError)])
+def test_a_bad_timeout_is_the_callers_mistake_not_the_learners(timeout, error):
+    calls = []
+    with pytest.raises(error, match=r"timeout="):
+        check("softmax", lambda x: calls.append(x), timeout=timeout)
+    assert not calls
+
+
+def test_the_learners_keyboard_interrupt_goes_through_but_exit_is_a_mistake():
+    def interrupted(logits):
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        check("softmax", interrupted)
+    for stop, name in ((lambda: sys.exit(3), "SystemExit"), (lambda: (_ for _ in ()).throw(GeneratorExit),
+                                                              "GeneratorExit")):
+        result = check("softmax", lambda x, stop=stop: stop())
+        assert not result.passed and f"raised {name}" in result.message and result.case == "three logits"
+
+
+class _Unprintable:
+    def __repr__(self):
+        raise RuntimeError("repr fails")
+
+
+class _UnprintableError(Exception):
+    def __str__(self):
+        raise RuntimeError("str fails")
+
+
+def _raise_unprintable(logits):
+    raise _UnprintableError
+
+
+@pytest.mark.parametrize("fn, words", [
+    (lambda x: x.softmax(-1).to_sparse(), "sparse_coo tensor"),
+    (lambda x: torch.empty_like(x, device="meta"), "device meta"),
+    (lambda x: _Unprintable(), "expected a torch.Tensor"),
+    (_raise_unprintable, "raised _UnprintableError: <its message cannot be shown"),
+], ids=["sparse", "meta", "repr-raises", "str-raises"])
+def test_answers_the_grader_cannot_read_get_a_verdict_not_a_traceback(fn, words):
+    result = check("softmax", fn)
+    assert not result.passed and words in result.message and result.case == "three logits"
+    assert str(result) and result._repr_markdown_()
+
+
+def test_an_answer_that_breaks_the_comparison_itself_gets_a_verdict():
+    result = check("kv_cache_bytes", lambda *args: _Unprintable())      # the int comparison shows what it got
+    assert not result.passed and "cannot read what your function returned" in result.message
+
+
+def test_bpe_cases_do_not_share_the_ranks_dict():
+    """A bpe that empties `ranks` after its (right) answer: with one dict for every case, case 2 saw 0 entries."""
+    def bpe(piece, ranks):
+        parts = solutions.bpe(piece, ranks)
+        ranks.clear()
+        return parts
+    assert check("bpe", bpe).passed
+
+
+# ---------------------------------------------------------------- a learner who rebinds torch, llmwalk or the grader
+
+def _softmax_over_dim_0(logits):
+    """Right on one row, wrong on a batch: it normalises over the first dim."""
+    e = (logits - logits.max()).exp()
+    return e / e.sum(0, keepdim=True)
+
+
+def test_a_function_that_rebinds_torch_softmax_does_not_pass_and_it_is_put_back():
+    original = torch.softmax
+
+    def softmax(logits):
+        torch.softmax = lambda x, dim=-1, **kw: _softmax_over_dim_0(x)     # llmwalk's reference calls torch.softmax
+        return _softmax_over_dim_0(logits)
+    result = check("softmax", softmax)
+    assert not result.passed and result.case == "batched [3, 5]", str(result)
+    assert "your function replaced torch.softmax; it was put back" in result.message.lower()
+    assert torch.softmax is original and check("softmax", solutions.softmax).passed
+
+
+def test_a_rebinding_made_before_check_does_not_change_the_reference(monkeypatch):
+    """torch.softmax = theirs in an earlier cell (report X17): the reference still uses torch's own."""
+    monkeypatch.setattr(torch, "softmax", lambda x, dim=-1, **kw: _softmax_over_dim_0(x))
+    result = check("softmax", _softmax_over_dim_0)
+    assert not result.passed and result.case == "batched [3, 5]", str(result)
+    assert torch.softmax is not torch._C._VariableFunctions.softmax        # theirs is left where they put it
+
+
+def test_an_attention_that_unmasks_sdpa_fails_and_llmwalk_still_generates(smollm2):
+    """Report X18: an unmasked attention is right for T = 1 and rebound F.sdpa there; it then "passed" and llmwalk's
+    own fast path wrote '__ wishershire.com/' until the kernel restarted."""
+    sdpa = F.scaled_dot_product_attention
+    before = lw.generate(smollm2, "The capital of France is", 6).new_ids
+
+    def attention(q, k, v):
+        F.scaled_dot_product_attention = lambda q, k, v, **kw: sdpa(q, k, v)
+        return sdpa(q, k, v)
+    result = check("attention", attention)
+    assert not result.passed and result.case == "n_head = 2, T = 4, d_head = 8", str(result)
+    assert "torch.nn.functional.scaled_dot_product_attention" in result.message
+    assert F.scaled_dot_product_attention is sdpa
+    assert lw.generate(smollm2, "The capital of France is", 6).new_ids == before
+
+
+def test_patching_the_graders_compare_does_not_pass_now_or_later():
+    compare = grader.compare
+
+    def softmax(logits):
+        grader.compare = lambda *args: None
+        return logits
+    assert not check("softmax", softmax).passed
+    assert grader.compare is compare
+    assert not check("top_p_filter", lambda logits, p: logits * 0 + 42).passed
+
+
+def test_a_tensor_method_set_by_the_function_is_removed_again():
+    def softmax(logits):
+        torch.Tensor.softmax = lambda self, dim: self                       # shadows torch's C method
+        return logits.softmax(-1)
+    result = check("softmax", softmax)
+    assert not result.passed and "torch.Tensor.softmax" in result.message
+    assert "softmax" not in vars(torch.Tensor) and torch.ones(2).softmax(-1).tolist() == [0.5, 0.5]
+
+
+def test_a_right_answer_says_public_checks_passed_no_more():
+    result = check("softmax", solutions.softmax)
+    assert result.passed and result.message.startswith("public checks passed") and "replaced" not in result.message
 
 
 @pytest.fixture
@@ -296,7 +511,7 @@ def test_verdicts_hints_and_reveal_speak_chinese(chinese):
     assert result.message.startswith("用例“很大的 logits（~1000）”")
     assert "先减去每行的最大值" in result.hint
     assert dict(result.details).keys() >= {"期望", "实际"} and "提示" in result._repr_markdown_()
-    assert "全部" in check("softmax", solutions.softmax).message
+    assert check("softmax", solutions.softmax).message.startswith("公开检查全部通过")
     assert "还没有实现" in check("softmax", lambda x: (_ for _ in ()).throw(NotImplementedError)).message
     assert reveal(None, 6).startswith("答案是 6") and reveal(185, 188, unit=" MB").startswith("很接近")
 
@@ -309,16 +524,3 @@ def test_every_case_label_and_hint_is_chinese_in_the_chinese_edition(name, chine
     for case in EXERCISES[name].cases():
         for text in (case.label, case.hint):
             assert cjk(text) or not any(word in text.split() for word in ("the", "a", "and", "of", "to")), text
-
-
-def test_an_alarm_set_by_someone_else_is_left_alone():
-    import signal
-    fired = []
-    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 30)
-        assert grade(EXERCISES["softmax"], solutions.softmax, timeout=0.3).passed
-        assert 25 < signal.getitimer(signal.ITIMER_REAL)[0] <= 30 and not fired
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)

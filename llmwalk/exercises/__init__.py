@@ -6,10 +6,13 @@
     check("softmax", softmax)        # a verdict: which case failed, the input, expected vs got, and a hint
 
 `check` runs your function on plain, edge and adversarial cases (large logits, ties, batches, zero vectors,
-T = 1, every k and p boundary) and compares it with llmwalk's implementation (or torch.nn.functional's). It never
-raises for a wrong answer: an exception in your code is reported with the case and your line that raised, and a
-function still running after 10 s on one case (an endless loop) is stopped and reported the same way (on Unix, from
-the main thread: a notebook's cells run there). Verdicts, hints and reveal() speak the language set by
+T = 1, every k and p boundary) and compares it with llmwalk's implementation (or torch.nn.functional's), computed
+with the functions as they were when llmwalk.exercises was imported. Passing says your function agrees on these
+public cases, no more. It never raises for a wrong answer: an exception in your code (SystemExit too) is reported
+with the case and your line that raised; a function still running after 10 s on one case (an endless loop) is
+stopped and reported the same way, and one stuck in a single long torch call is reported on time while that call
+finishes in the background. Whatever your function rebinds in torch, torch.nn.functional, torch.Tensor or llmwalk
+is put back after each call, and the verdict says so. Verdicts, hints and reveal() speak the language set by
 `lw.set_language` ("en" or "zh").
 
 The exercises, by notebook (tensors are float32 unless said otherwise):
@@ -56,7 +59,7 @@ from .grader import TIMEOUT, Case, Exercise, Result, grade
 
 def check(name: str, fn: Callable, *, timeout: float | None = TIMEOUT) -> Result:
     """Grade your function `fn` for exercise `name`; the Result shows itself as a verdict in a notebook. A case
-    running longer than `timeout` seconds is stopped (None: no limit)."""
+    running longer than `timeout` seconds (at least 0.1) is stopped (None: no limit)."""
     if name not in EXERCISES:
         raise ValueError(t("exercises.grader.unknown", name=repr(name), names=", ".join(EXERCISES)))
     return grade(EXERCISES[name], fn, timeout=timeout)

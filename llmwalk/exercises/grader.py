@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import math
-import signal
+import sys
 import threading
+import time
 import traceback
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ..i18n import t
@@ -72,10 +75,13 @@ class Result:
 
 
 def _clone(x):
+    """A deep copy of a case's input, so no call (the learner's or the reference's) changes what a later one sees."""
     if isinstance(x, Tensor):
         return x.clone()
     if isinstance(x, list):
         return [_clone(i) for i in x]
+    if isinstance(x, dict):     # bpe's ranks: 50,257 entries, immutable keys and values (deepcopy takes 30 ms)
+        return {k: _clone(v) for k, v in x.items()}
     return x
 
 
@@ -108,6 +114,14 @@ def show(x, limit: int = 12) -> str:
     return text if len(text) <= 120 else text[:117] + "..."
 
 
+def _shown(x) -> str:
+    """show(x) for the learner's answer, which may be a tensor without data (sparse, meta) or raise in __repr__."""
+    try:
+        return show(x)
+    except Exception as odd:
+        return t("exercises.show.unreadable", type=type(x).__name__, error=type(odd).__name__)
+
+
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
@@ -115,6 +129,9 @@ def _is_int(x) -> bool:
 def _compare_tensor(expected: Tensor, got, ex: Exercise) -> str | None:
     if not isinstance(got, Tensor):
         return t("exercises.compare.not_tensor", type=type(got).__name__)
+    if (got.layout, got.device) != (expected.layout, expected.device):
+        return t("exercises.compare.kind", layout=str(got.layout).removeprefix("torch."), device=got.device,
+                 expected=expected.device)
     if got.shape != expected.shape:
         return t("exercises.compare.shape", got=list(got.shape), expected=list(expected.shape))
     if got.dtype != expected.dtype:
@@ -173,14 +190,16 @@ def compare(expected, got, ex: Exercise) -> str | None:
 
 
 def _first_line(error: BaseException, limit: int = 160) -> str:
-    text = str(error).strip().split("\n")[0]
+    try:
+        text = str(error).strip().split("\n")[0]
+    except Exception as inner:  # an exception class of the learner's whose __str__ itself fails
+        return t("exercises.grader.no_text", error=type(inner).__name__)
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
-def _learner_frame(error: BaseException) -> str:
-    """The last line of the learner's own code in the traceback: not llmwalk's (the grader's), not torch's."""
-    own = [f for f in traceback.extract_tb(error.__traceback__)
-           if not any(Path(f.filename).resolve().is_relative_to(lib) for lib in (_LLMWALK, _TORCH))]
+def _learner_line(frames: traceback.StackSummary) -> str:
+    """The last line of the learner's own code among `frames`: not llmwalk's (the grader's), not torch's."""
+    own = [f for f in frames if not any(Path(f.filename).resolve().is_relative_to(lib) for lib in (_LLMWALK, _TORCH))]
     if not own:
         return ""
     frame = own[-1]
@@ -189,61 +208,209 @@ def _learner_frame(error: BaseException) -> str:
     return t("exercises.grader.where", function=frame.name, line=frame.lineno)
 
 
-class _TookTooLong(BaseException):
-    """Raised inside the learner's function by the alarm; a BaseException, so their own `except Exception` cannot
-    swallow it."""
+# ---------------------------------------------------------------- what the learner's code may rebind
+
+_MISSING = object()         # "no such name here": Tensor.softmax lives on torch's C base class until someone sets it
 
 
-def _raise_took_too_long(signum, frame):
-    raise _TookTooLong
+def _namespaces() -> list:
+    """Where a rebinding changes what the grader or llmwalk computes: torch, F, Tensor and every llmwalk module."""
+    return [torch, F, Tensor, *(m for name, m in list(sys.modules.items())
+                                if name.split(".")[0] == "llmwalk" and isinstance(m, ModuleType))]
+
+
+def _snapshot() -> dict:
+    """(namespace, name) -> what it is bound to now: a module's functions, classes and submodules (its data may
+    change legitimately), and every name Tensor answers to (a method set on Tensor shadows torch's C one)."""
+    snap = {}
+    for space in _namespaces():
+        own = vars(space)
+        if isinstance(space, type):
+            snap.update({(space, name): own.get(name, _MISSING) for name in dir(space)})
+        else:
+            snap.update({(space, name): v for name, v in own.items() if callable(v) or isinstance(v, ModuleType)})
+    return snap
+
+
+def _restore(snap: dict, missing=_MISSING) -> dict:
+    """Bind every name of `snap` back to its object, compared by identity; return what was there instead, in the
+    same form, so that restoring the returned dict undoes this."""
+    replaced = {}
+    for (space, name), value in snap.items():
+        now = vars(space).get(name, missing)
+        if now is not value:
+            replaced[space, name] = now
+            if value is missing:
+                delattr(space, name)
+            else:
+                setattr(space, name, value)
+    return replaced
+
+
+def _dotted(space, name: str) -> str:
+    return f"{space.__module__}.{space.__qualname__}.{name}" if isinstance(space, type) else f"{space.__name__}.{name}"
+
+
+_PRISTINE = {}              # filled at the end of this module: the functions as they were when llmwalk.exercises loaded
 
 
 @contextmanager
-def _time_limit(seconds: float | None):
-    """Interrupt the block after `seconds` with _TookTooLong. SIGALRM exists only on Unix and reaches only the main
-    thread (a Jupyter kernel runs cells there); elsewhere, with seconds=None, or while someone else's alarm is set
-    (we would cancel it), there is no limit."""
-    if not seconds or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread() \
-            or signal.getitimer(signal.ITIMER_REAL)[0] > 0:
-        yield
-        return
-    previous = signal.signal(signal.SIGALRM, _raise_took_too_long)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+def _pristine():
+    """Run the grader's own code (references, comparison, diagnosis) with the functions bound at import, whatever the
+    learner rebound since (torch.softmax = theirs, in any cell); theirs are put back afterwards."""
+    theirs = _restore(_PRISTINE)
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        _restore(theirs)
 
+
+# ---------------------------------------------------------------- running the learner's function, with a time limit
+
+class _TookTooLong(BaseException):
+    """Raised inside the learner's function once its time is up; a BaseException, so `except Exception` lets it go."""
+
+
+_GRACE = 1.0                # seconds to let a stopped function unwind before the verdict says it is stuck in torch
+_MIN_TIMEOUT = 0.1          # below this even a correct function may not have started
+
+
+def _checked_timeout(timeout) -> float | None:
+    """The caller's `timeout=`, refused with a sentence naming the fix when it is no number of seconds."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(t("exercises.grader.timeout_type", got=repr(timeout)))
+    if not _MIN_TIMEOUT <= timeout <= threading.TIMEOUT_MAX:        # NaN and inf fail here too
+        raise ValueError(t("exercises.grader.timeout_range", got=repr(timeout), low=_MIN_TIMEOUT))
+    return float(timeout)
+
+
+@dataclass
+class _Outcome:
+    value: Any = None
+    error: BaseException | None = None
+    late: bool = False                      # the time ran out (whatever the function did afterwards)
+    running: traceback.StackSummary | None = None   # where it still runs, when even stopping it did not end it
+
+
+def _wait(event: threading.Event, seconds: float | None) -> bool:
+    """event.wait in short waits: an interrupt (SIGINT) that lands on the worker thread reaches the main one only
+    when it wakes up. (Not Thread.join: interrupted, it marks a running thread as ended.)"""
+    end = math.inf if seconds is None else time.monotonic() + seconds
+    while not event.is_set() and (now := time.monotonic()) < end:
+        event.wait(min(0.1, end - now))
+    return event.is_set()
+
+
+def _run(call: Callable[[], Any], timeout: float | None) -> _Outcome:
+    """call() in a worker thread, stopped when `timeout` seconds have passed: a trace hook raises _TookTooLong at
+    the next line it runs. Python switches tracing off after a hook raised, so a bare `except:` around the very line
+    the stop lands on swallows it and the loop goes on; so does one long torch operation (a huge matmul) or
+    time.sleep, which no hook can interrupt. Either way the verdict comes _GRACE seconds later, and says so."""
+    stopping, finished, done = [False], threading.Event(), []     # stopping[0]: a list item, read without a call
+
+    def tracer(frame, event, arg):
+        if stopping[0] and event == "line":    # not while unwinding ("return"): that would hide the learner's line
+            raise _TookTooLong
+        return tracer
+
+    def work():
+        sys.settrace(tracer)                    # this thread only
+        try:
+            done.append((call(), None))
+        except BaseException as error:          # the learner's, or the _TookTooLong that stopped it
+            done.append((None, error))
+        stopping[0] = False                     # the learner's code is over: nothing may raise in ours
+        sys.settrace(None)
+        finished.set()
+
+    worker = threading.Thread(target=work, name="llmwalk-exercise", daemon=True)
+    worker.start()
+    late = False
+    try:
+        _wait(finished, timeout)
+    finally:                                    # the time is up, or the learner interrupted the kernel
+        if not finished.is_set():
+            late = stopping[0] = True
+            _wait(finished, _GRACE)
+    if not late:
+        return _Outcome(*done[0])
+    error = done[0][1] if done else None
+    frame = None if finished.is_set() else sys._current_frames().get(worker.ident)
+    return _Outcome(error=error, late=True, running=traceback.extract_stack(frame) if frame else None)
+
+
+# ---------------------------------------------------------------- grading
 
 def grade(ex: Exercise, fn: Callable, *, timeout: float | None = TIMEOUT) -> Result:
-    """Run every case; stop at the first one the function gets wrong. Never raises for a wrong answer. A case that
-    takes longer than `timeout` seconds is stopped (Unix, main thread; None: no limit)."""
+    """Run every case; stop at the first one the function gets wrong. Never raises for a wrong answer (only the
+    learner's KeyboardInterrupt goes through). A case that takes longer than `timeout` seconds is stopped (None: no
+    limit). Whatever the function rebinds in torch, F, Tensor or llmwalk is put back after each call."""
+    timeout = _checked_timeout(timeout)
     if not callable(fn):
         return Result(ex.name, False, t("exercises.grader.not_callable", type=type(fn).__name__, name=ex.name))
-    cases = ex.cases()
-    for case in cases:
-        expected = _call(case, ex.reference)
-        inputs = (((t("exercises.grader.input"), case.shown),) if case.run is not None else
-                  tuple((name, show(arg)) for name, arg in zip(ex.params, case.args)))
+    with _pristine():
+        cases = ex.cases()
+        expected = [_call(case, ex.reference) for case in cases]
+    replaced: dict = {}
+    for case, want in zip(cases, expected):
+        restore, before = _restore, _snapshot()     # bound before the learner's code runs
         try:
-            with _time_limit(timeout):
-                got = _call(case, fn)
-        except NotImplementedError:
-            return Result(ex.name, False, t("exercises.grader.not_implemented"))
-        except _TookTooLong as error:
-            return Result(ex.name, False, t("exercises.grader.timeout", seconds=f"{timeout:g}", case=case.label,
-                                            where=_learner_frame(error)), case.label, inputs, case.hint)
-        except Exception as error:  # a wrong answer may raise anything; the learner sees which case and where
-            return Result(ex.name, False, t("exercises.grader.raised", error=type(error).__name__,
-                                            text=_first_line(error), case=case.label, where=_learner_frame(error)),
-                          case.label, inputs, case.hint)
-        if problem := compare(expected, got, ex):
-            try:
-                hint = ex.diagnose(case, expected, got) or case.hint
-            except Exception:  # an answer odd enough to trip a diagnosis still gets the case's own hint
-                hint = case.hint
-            return Result(ex.name, False, t("exercises.grader.failed", case=case.label, problem=problem), case.label,
-                          inputs + ((t("exercises.grader.expected"), show(expected)), (t("exercises.grader.got"),
-                                                                                       show(got))), hint)
-    return Result(ex.name, True, t("exercises.grader.passed", n=len(cases)))
+            outcome = _run(lambda: _call(case, fn), timeout)
+        finally:
+            replaced.update(restore(before))
+        if isinstance(outcome.error, KeyboardInterrupt):
+            raise outcome.error
+        with _pristine():
+            result = _verdict(ex, case, want, outcome, timeout)
+        if result is not None:
+            return _noted(result, replaced)
+    return _noted(Result(ex.name, True, t("exercises.grader.passed", n=len(cases))), replaced)
+
+
+def _noted(result: Result, replaced: dict) -> Result:
+    if not replaced:
+        return result
+    names = ", ".join(sorted(_dotted(space, name) for space, name in replaced))
+    return replace(result, message=result.message + t("exercises.grader.replaced", names=names))
+
+
+def _verdict(ex: Exercise, case: Case, expected, outcome: _Outcome, timeout: float | None) -> Result | None:
+    """None if the learner's answer on `case` is right, else the Result that says what went wrong."""
+    inputs = (((t("exercises.grader.input"), case.shown),) if case.run is not None else
+              tuple((name, show(arg)) for name, arg in zip(ex.params, case.args)))
+    error = outcome.error
+    if outcome.late:
+        late = dict(seconds=f"{timeout:g}", case=case.label)
+        message = (t("exercises.grader.still_running", **late, where=_learner_line(outcome.running))
+                   if outcome.running is not None else
+                   t("exercises.grader.timeout", **late,
+                     where=_learner_line(traceback.extract_tb(error.__traceback__) if error else [])))
+        return Result(ex.name, False, message, case.label, inputs, case.hint)
+    if isinstance(error, NotImplementedError):
+        return Result(ex.name, False, t("exercises.grader.not_implemented"))
+    if error is not None:       # a wrong answer may raise anything, SystemExit too; the learner sees which case and where
+        return Result(ex.name, False, t("exercises.grader.raised", error=type(error).__name__, text=_first_line(error),
+                                        case=case.label,
+                                        where=_learner_line(traceback.extract_tb(error.__traceback__))),
+                      case.label, inputs, case.hint)
+    got = outcome.value
+    try:
+        problem = compare(expected, got, ex)
+    except Exception as odd:    # a value the grader cannot even read: an int whose __repr__ raises ...
+        return Result(ex.name, False, t("exercises.grader.unreadable", case=case.label, type=type(got).__name__,
+                                        error=type(odd).__name__, text=_first_line(odd)), case.label, inputs,
+                      case.hint)
+    if not problem:
+        return None
+    details = inputs + ((t("exercises.grader.expected"), show(expected)), (t("exercises.grader.got"), _shown(got)))
+    try:
+        hint = ex.diagnose(case, expected, got) or case.hint
+    except Exception:  # an answer odd enough to trip a diagnosis still gets the case's own hint
+        hint = case.hint
+    return Result(ex.name, False, t("exercises.grader.failed", case=case.label, problem=problem), case.label,
+                  details, hint)
+
+
+_PRISTINE.update(_snapshot())
