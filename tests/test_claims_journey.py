@@ -1,5 +1,6 @@
 """Sections 一 and 九 measured: the chain from the input to [EOS] on a real answer, the FLOPs of 9 tokens in and 50
 out, the one-second timings, and the full table: every section's own claims, 一 to 九, in the article's order."""
+import dataclasses
 import inspect
 
 import pytest
@@ -47,6 +48,10 @@ def test_chain_every_link(smollm2, chain):
     for a, b, step in zip(passes, passes[1:], answer.steps):
         assert b.ids[:-1] == a.ids and b.ids[-1] == step.token_id
     assert all(p.layers == 30 for p in passes)
+    # a pass in which one layer changed nothing breaks the "full stack" link, and the chain with it
+    short = [passes[0], dataclasses.replace(passes[1], layers=29), *passes[2:]]
+    broken = J.chain_check(smollm2, trace, answer, short)
+    assert not broken["full_stack"] and J.chain_verdict(broken) is not Verdict.HOLDS
     # it ends by itself, at the end token, with the answer
     assert answer.stopped == "eos" and answer.new_ids[-1] in smollm2.tokenizer.eos_token_ids
     assert "Paris" in answer.text

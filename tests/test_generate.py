@@ -178,6 +178,21 @@ def test_stream_runs_one_round_per_step_and_matches_transformers(smollm2, hf_smo
     assert {p.layers for p in passes} == {smollm2.config.n_layer}
 
 
+def test_a_layer_that_adds_nothing_is_not_counted_as_run(smollm2):
+    """Pass.layers counts the layers that changed the residual stream: zero what layer 4 adds (its attention
+    output and FFN down projections), and every pass reports one layer fewer."""
+    def silent(lin):
+        return dataclasses.replace(lin, weight=torch.zeros_like(lin.weight))
+    blocks = list(smollm2.weights.blocks)
+    blocks[4] = dataclasses.replace(blocks[4], attn_output=silent(blocks[4].attn_output),
+                                    ffn_down=silent(blocks[4].ffn_down))
+    model = dataclasses.replace(smollm2, weights=dataclasses.replace(smollm2.weights, blocks=tuple(blocks)))
+    passes = []
+    with gen_module.watching(passes.append):
+        generate(model, "The capital of France is", 3, stop_at_eos=False)
+    assert [p.layers for p in passes] == [smollm2.config.n_layer - 1] * 3
+
+
 def test_watching_ends_with_its_block_and_nests(smollm2):
     outer, inner = [], []
     with gen_module.watching(outer.append):
