@@ -120,6 +120,22 @@ def test_gemma_sliding_window_layers_match_transformers(gemma, hf_gemma):
 
 
 @needs_gemma
+def test_gemma_norms_in_bf16_round_after_the_scale_as_transformers_does(gemma, hf_gemma):
+    """Gemma's RMSNorm scales in float32 and rounds once, (x * w).to(bf16); Llama's rounds, then scales in bf16.
+    On Gemma's own norms (weights ~50: the bf16 product rounds differently) the two orders differ; llmwalk must
+    give transformers' bf16 module's bits. llmwalk stores 1 + w, so both get the weight transformers holds."""
+    import copy
+    torch.manual_seed(0)
+    layer = copy.deepcopy(hf_gemma.model.layers[3]).to(torch.bfloat16)
+    for module, d in ((layer.input_layernorm, gemma.config.d_model), (layer.self_attn.q_norm, gemma.config.d_head)):
+        x = (torch.randn(5, d) * 30).to(torch.bfloat16)
+        w = lw.Norm(1 + module.weight.float())
+        with torch.no_grad():
+            ours = lw.norm(x, w, gemma.config)
+            assert ours.dtype == torch.bfloat16 and torch.equal(ours, module(x))
+
+
+@needs_gemma
 def test_gemma_answers_the_article_question(gemma):
     ids = gemma.tokenizer.encode("法国的首都是什么？\n")
     for _ in range(6):                                   # greedy, one token at a time
