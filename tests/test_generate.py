@@ -84,6 +84,16 @@ def test_greedy_steps_describe_the_choice(smollm2, greedy_runs):
 
 # ---------------------------------------------------------------- sampling
 
+def test_time_to_first_token_and_decode_speed_from_the_rounds(greedy_runs):
+    """Round 1 (the whole prompt) is the time to first token; the rounds after it give the decode speed."""
+    g = next(iter(greedy_runs.values()))[0]
+    timed = dataclasses.replace(g, steps=[dataclasses.replace(s, seconds=0.5 if s.index == 1 else 0.25)
+                                          for s in g.steps])
+    assert timed.time_to_first_token == 0.5
+    assert timed.tokens_per_second == 4.0                          # one token per 0.25 s, the 0.5 s round left out
+    assert math.isnan(dataclasses.replace(timed, steps=timed.steps[:1]).tokens_per_second)
+
+
 def test_same_seed_same_tokens_with_and_without_cache(smollm2):
     kw = dict(max_new_tokens=16, temperature=0.8, top_p=0.95, seed=1234, stop_at_eos=False)
     cached = generate(smollm2, "Once upon a time", **kw)
