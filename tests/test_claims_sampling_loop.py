@@ -15,6 +15,7 @@ from llmwalk.claims import sampling as sm
 from llmwalk.generation import Generation, Step, generate
 
 from markers import needs_gemma
+from test_generate import hf_greedy
 
 from llmwalk.report import Verdict
 
@@ -289,10 +290,11 @@ def test_linear_row(smollm2, loop_rows):
 
 
 @needs_gemma
-def test_loop_rows_on_gemma(smollm2, gemma):
+def test_loop_rows_on_gemma(smollm2, gemma, hf_gemma):
     rows = {c.article: c for c in ar.claims(smollm2, gemma)}
     assert len(rows) == 5
     g = generate(gemma, ar.GEMMA_PROMPT, ar.ROUNDS)
+    assert g.new_ids == hf_greedy(hf_gemma, g.prompt_ids, ar.ROUNDS)      # the answer is transformers' too
     c = row(rows, "Round 1")
     assert c.measured.startswith("Gemma-3-270M") and ar.answer_text(g) in c.measured
     assert c.verdict == ar.rounds_verdict(g)
