@@ -98,7 +98,7 @@ def cut_at_eos(model: "Model", new_ids: Sequence[int], eos_ids: frozenset[int]) 
 
 @dataclass(frozen=True)
 class Pass:
-    """One forward pass of the loop: the token ids that went in, and how many layers ran on them."""
+    """One forward pass of the loop: the token ids that went in, and how many layers changed the stream on them."""
 
     ids: tuple[int, ...]
     layers: int
@@ -162,13 +162,14 @@ class Loop:
         new = list(ids) if self.cache is None else list(ids[self.cache.length:])
         watchers, ran = _watchers.get(), []
         hooks = dict(self.hooks or {})
-        if watchers:                        # count the layers that really ran, by forward's own hook point
+        if watchers:                        # count the layers that really ran, by forward's own hook points
             for i in range(self.model.config.n_layer):
-                hooks[f"blocks.{i}.resid_post"] = _counting(ran, hooks.get(f"blocks.{i}.resid_post"))
+                pre, post = f"blocks.{i}.resid_pre", f"blocks.{i}.resid_post"
+                hooks[pre], hooks[post] = _counting(ran, hooks.get(pre), hooks.get(post))
         trace = forward(self.model, new, self.cache, record=False, last_only=True, head=self.head,
                         hooks=hooks or None)
         for watch in watchers:
-            watch(Pass(tuple(new), len(ran)))
+            watch(Pass(tuple(new), sum(ran)))
         return len(new), trace.logits[0].float()       # a bf16/fp16 model's logits sampled in fp32
 
     def choose(self, index: int, ids: Sequence[int], input_len: int, logits: Tensor, tic: float) -> Step:
@@ -188,12 +189,20 @@ class Loop:
         return self.model.tokenizer.pieces([token_id])[0]
 
 
-def _counting(ran: list, then: Callable[[Tensor], Tensor] | None) -> Callable[[Tensor], Tensor]:
-    """A resid_post hook that notes the layer ran, then applies the caller's own hook there, if any."""
-    def hook(x: Tensor) -> Tensor:
-        ran.append(1)
-        return x if then is None else then(x)
-    return hook
+def _counting(ran: list, then_pre: Callable[[Tensor], Tensor] | None,
+              then_post: Callable[[Tensor], Tensor] | None) -> tuple[Callable, Callable]:
+    """resid_pre and resid_post hooks of one layer that note it ran when it changed the residual stream (a layer
+    skipped, or one that adds nothing, is not counted), around the caller's own hooks there, if any."""
+    seen = []
+
+    def pre(x: Tensor) -> Tensor:
+        seen[:] = [x if then_pre is None else then_pre(x)]
+        return seen[0]
+
+    def post(x: Tensor) -> Tensor:
+        ran.append(not torch.equal(x, seen[0]))
+        return x if then_post is None else then_post(x)
+    return pre, post
 
 
 def _check_hooks(model: "Model", hooks: Mapping[str, Callable[[Tensor], Tensor]] | None, kv_cache: bool) -> None:

@@ -45,21 +45,25 @@ def layer_norm(x: Tensor, w: Norm, eps: float) -> Tensor:
     return y + w.bias if w.bias is not None else y
 
 
-def rms_norm(x: Tensor, w: Norm, eps: float) -> Tensor:
+def rms_norm(x: Tensor, w: Norm, eps: float, *, scale_in_float32: bool = False) -> Tensor:
     """Llama's RMSNorm: divide by the root mean square only (no centring), then scale.  # [..., d] -> [..., d]
 
     Computed in float32 and rounded back before the scale, as transformers does: in fp16 the square of a residual
-    value of 22552 (SmolLM2 has them) overflows to inf and the whole vector would become 0.
+    value of 22552 (SmolLM2 has them) overflows to inf and the whole vector would become 0. Gemma was trained
+    rounding after the scale instead, (x * w).to(fp16), so it asks for that (transformers PR 29402).
     """
     x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w.weight
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    if scale_in_float32:
+        return (y * w.weight.float()).to(x.dtype)
+    return y.to(x.dtype) * w.weight
 
 
 def norm(x: Tensor, w: Norm, config: Config) -> Tensor:
     """The model's normalization: LayerNorm for GPT-2, RMSNorm for Llama and Gemma.  # [T, d] -> [T, d]"""
     if config.norm == "layernorm":
         return layer_norm(x, w, config.norm_eps)
-    return rms_norm(x, w, config.norm_eps)
+    return rms_norm(x, w, config.norm_eps, scale_in_float32=config.family == "gemma3")
 
 
 def _is_count(n) -> bool:
@@ -116,8 +120,8 @@ def project_qkv(x: Tensor, block: Block, config: Config,
     q, k, v = linears(x, (block.attn_q, block.attn_k, block.attn_v))
     q, k, v = split_heads(q, config.n_head), split_heads(k, config.n_kv_head), split_heads(v, config.n_kv_head)
     if block.attn_q_norm is not None:                            # Gemma-3 normalizes each head's q and k
-        q = rms_norm(q, block.attn_q_norm, config.norm_eps)
-        k = rms_norm(k, block.attn_k_norm, config.norm_eps)
+        q = norm(q, block.attn_q_norm, config)
+        k = norm(k, block.attn_k_norm, config)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     return q, k, v

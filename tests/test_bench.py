@@ -54,8 +54,7 @@ def test_bench_generate_table(run_bench):
         (n, name) for n in (8, 12) for name in ("llmwalk cache +head", "llmwalk cache", "transformers (cache)",
                                                 "llmwalk no cache +head")]
     for row in rows:
-        ttft, tps, mb = row.split("|")[1][23:].split()
-        assert float(ttft) > 0 and float(tps) > 0
+        ttft, tps, mb = map(float, row.split("|")[1][23:].split())     # three numbers (timings: not checked)
         assert (row.split("|")[2].count("x") == 3) == row.split("|")[1].startswith(" llmwalk cache")
 
 
@@ -88,8 +87,7 @@ def test_bench_widgets_table(run_bench):
                                                          "generation: 'next token' click"]
     assert out[-1].startswith("peak memory")
     for row in rows:
-        median, fastest, goal = map(float, row.split()[-3:])
-        assert 0 < fastest <= median
+        median, fastest, goal = map(float, row.split()[-3:])           # three numbers (timings: not checked)
 
 
 def test_llama_cpp_missing_gives_the_hint(monkeypatch):
@@ -114,11 +112,22 @@ def test_bench_prefill_table(run_bench):
     rows = [line for line in out if re.match(r"\s+\d+ \|", line)]
     assert [int(r.split("|")[0]) for r in rows] == [8, 12]              # sorted by length
     for row in rows:
-        ours, theirs = map(float, row.split("|")[1].split())
-        ratio = float(row.split("|")[2].strip().rstrip("x"))
-        assert ours > 0 and theirs > 0
-        # the seconds are printed rounded to 1 ms: the ratio must lie within what that rounding allows
-        assert (theirs - 5e-4) / (ours + 5e-4) - 0.005 <= ratio <= (theirs + 5e-4) / (ours - 5e-4) + 0.005
+        ours, theirs = map(float, row.split("|")[1].split())           # two numbers (timings: not checked)
+        assert re.fullmatch(r" +\d+\.\d\dx", row.split("|")[2])
+
+
+def test_bench_prefill_ratio_is_theirs_over_ours(run_bench, monkeypatch):
+    """With made-up times to first token (llmwalk 1 ms per prompt token, transformers 3 ms), the table prints
+    them and their ratio; the median of the repeats is what is printed."""
+    def fake(per_token):
+        slow = iter([False, True, False] * 4)       # one repeat of each length is 10x slower: the median drops it
+        return lambda *args: lambda: (per_token * len(args[1]) * (10 if next(slow) else 1), [])
+    monkeypatch.setattr(bench, "llmwalk_run", fake(0.001))
+    monkeypatch.setattr(bench, "transformers_run", fake(0.003))
+    monkeypatch.setattr(bench, "prompt_ids", lambda model, n: list(range(n)))
+    out = run_bench("prefill", "--prompt-lengths", "12", "8", "--repeats", "3", "--threads", "1")
+    rows = [line for line in out if re.match(r"\s+\d+ \|", line)]
+    assert rows == ["     8 |     0.008          0.024 |  3.00x", "    12 |     0.012          0.036 |  3.00x"]
 
 
 class PrefixCachingLlama:

@@ -1,4 +1,5 @@
 """Sections 六 and 七 measured: one row per claim, values equal to independent computations, verdicts that follow."""
+import dataclasses
 import math
 import random
 
@@ -14,6 +15,7 @@ from llmwalk.claims import sampling as sm
 from llmwalk.generation import Generation, Step, generate
 
 from markers import needs_gemma
+from test_generate import hf_greedy
 
 from llmwalk.report import Verdict
 
@@ -53,14 +55,12 @@ def np_probs(logits: torch.Tensor) -> np.ndarray:
 def test_sampling_claims_one_row_per_claim(sampling_rows):
     assert len(sampling_rows) == 7
     assert {c.section for c in sampling_rows.values()} == {"六"}
-    assert all(isinstance(c.verdict, Verdict) for c in sampling_rows.values())
     assert all(c.measured for c in sampling_rows.values())
 
 
 def test_loop_claims_one_row_per_claim(loop_rows):
     assert len(loop_rows) == 5
     assert {c.section for c in loop_rows.values()} == {"七"}
-    assert all(isinstance(c.verdict, Verdict) for c in loop_rows.values())
 
 
 def test_claims_table_renders(sampling_rows, loop_rows):
@@ -205,22 +205,22 @@ def test_default_row(sampling_rows):
 
 # ---------------------------------------------------------------- section 七: numbers and verdicts
 
-def test_recorded_passes_see_every_round_and_restore_forward(smollm2):
-    import importlib
-    module = importlib.import_module("llmwalk.generation")
-    real = module.forward
+def test_recorded_passes_see_every_round(smollm2):
     with analysis.recorded_passes() as rerun:
         g = generate(smollm2, "Hello there", 5, kv_cache=False, stop_at_eos=False)
     with analysis.recorded_passes() as cached:
         with pytest.raises(ValueError):
             generate(smollm2, "Hello there", 0)
         generate(smollm2, "Hello there", 5, stop_at_eos=False)
-    assert module.forward is real
     p = len(g.prompt_ids)
     assert [len(x.ids) for x in rerun] == [p, p + 1, p + 2, p + 3, p + 4]
     assert [x.ids for x in rerun] == [tuple(g.ids[:p + k]) for k in range(5)]
     assert [len(x.ids) for x in cached] == [p, 1, 1, 1, 1]
     assert {x.layers for x in rerun + cached} == {smollm2.config.n_layer}
+    # the rows built on these counts come out false when one pass ran a layer short
+    short = [rerun[0], dataclasses.replace(rerun[1], layers=smollm2.config.n_layer - 1), *rerun[2:]]
+    assert ar._append_claim(smollm2, g, short, cached).numbers["full_stack"] is False
+    assert ar._passes_claim(smollm2, short).numbers["full"] == len(short) - 1
 
 
 def test_round_flops_add_up_to_generation_flops(smollm2):
@@ -290,10 +290,11 @@ def test_linear_row(smollm2, loop_rows):
 
 
 @needs_gemma
-def test_loop_rows_on_gemma(smollm2, gemma):
+def test_loop_rows_on_gemma(smollm2, gemma, hf_gemma):
     rows = {c.article: c for c in ar.claims(smollm2, gemma)}
     assert len(rows) == 5
     g = generate(gemma, ar.GEMMA_PROMPT, ar.ROUNDS)
+    assert g.new_ids == hf_greedy(hf_gemma, g.prompt_ids, ar.ROUNDS)      # the answer is transformers' too
     c = row(rows, "Round 1")
     assert c.measured.startswith("Gemma-3-270M") and ar.answer_text(g) in c.measured
     assert c.verdict == ar.rounds_verdict(g)

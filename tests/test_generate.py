@@ -84,6 +84,16 @@ def test_greedy_steps_describe_the_choice(smollm2, greedy_runs):
 
 # ---------------------------------------------------------------- sampling
 
+def test_time_to_first_token_and_decode_speed_from_the_rounds(greedy_runs):
+    """Round 1 (the whole prompt) is the time to first token; the rounds after it give the decode speed."""
+    g = next(iter(greedy_runs.values()))[0]
+    timed = dataclasses.replace(g, steps=[dataclasses.replace(s, seconds=0.5 if s.index == 1 else 0.25)
+                                          for s in g.steps])
+    assert timed.time_to_first_token == 0.5
+    assert timed.tokens_per_second == 4.0                          # one token per 0.25 s, the 0.5 s round left out
+    assert math.isnan(dataclasses.replace(timed, steps=timed.steps[:1]).tokens_per_second)
+
+
 def test_same_seed_same_tokens_with_and_without_cache(smollm2):
     kw = dict(max_new_tokens=16, temperature=0.8, top_p=0.95, seed=1234, stop_at_eos=False)
     cached = generate(smollm2, "Once upon a time", **kw)
@@ -176,6 +186,21 @@ def test_stream_runs_one_round_per_step_and_matches_transformers(smollm2, hf_smo
     fed = [prompt + [s.token_id for s in steps[:k]] for k in range(6)]
     assert [list(p.ids) for p in passes] == (fed if not kv_cache else [prompt] + [f[-1:] for f in fed[1:]])
     assert {p.layers for p in passes} == {smollm2.config.n_layer}
+
+
+def test_a_layer_that_adds_nothing_is_not_counted_as_run(smollm2):
+    """Pass.layers counts the layers that changed the residual stream: zero what layer 4 adds (its attention
+    output and FFN down projections), and every pass reports one layer fewer."""
+    def silent(lin):
+        return dataclasses.replace(lin, weight=torch.zeros_like(lin.weight))
+    blocks = list(smollm2.weights.blocks)
+    blocks[4] = dataclasses.replace(blocks[4], attn_output=silent(blocks[4].attn_output),
+                                    ffn_down=silent(blocks[4].ffn_down))
+    model = dataclasses.replace(smollm2, weights=dataclasses.replace(smollm2.weights, blocks=tuple(blocks)))
+    passes = []
+    with gen_module.watching(passes.append):
+        generate(model, "The capital of France is", 3, stop_at_eos=False)
+    assert [p.layers for p in passes] == [smollm2.config.n_layer - 1] * 3
 
 
 def test_watching_ends_with_its_block_and_nests(smollm2):

@@ -16,7 +16,7 @@ from llmwalk.models import REGISTRY, cache_dir
 from llmwalk import quantize
 from llmwalk.accuracy import activation_outliers, compare_to_fp32, eval_text
 from llmwalk.bench import KERNELS
-from llmwalk.quantize import (QuantizedTensor, dequantize_model, dequantize_tensor, dynamic_int8_logits,
+from llmwalk.quantize import (LINEARS, QuantizedTensor, dequantize_model, dequantize_tensor, dynamic_int8_logits,
                               model_weight_bytes, quantize_model, quantize_tensor)
 
 
@@ -94,8 +94,8 @@ def test_linear_runs_quantized_weights_and_every_kernel_computes_the_same_produc
 def test_without_torchs_private_kernel_a_product_falls_back_to_dequantize_then_matmul(monkeypatch, missing):
     w, x = weights_with_outliers(2), torch.randn(3, 128, generator=torch.Generator().manual_seed(6))
     fmt = (8, None, True) if missing == quantize.INT8_KERNEL else (4, 32, False)
-    assert quantize.has_kernel(missing)                          # torch 2.13 has both: the fast path is the default
-    assert quantize_tensor(w, *fmt).kernel is not None
+    # the fast path is the default wherever this torch has the kernel (torch 2.13 has both; older ones may not)
+    assert (quantize_tensor(w, *fmt).kernel is not None) == quantize.has_kernel(missing)
     monkeypatch.setattr(quantize, "has_kernel", lambda name: name != missing)
     q = quantize_tensor(w, *fmt)
     assert q.kernel is None
@@ -175,20 +175,33 @@ def test_int4_g32_asymmetric_reproduces_the_q4_1_model(smollm2, int4_asym):
     c = compare_to_fp32(smollm2, dequantize_model(int4_asym), eval_text()[:1500])
     assert max(r["max_abs_error"] for r in c.weight_error) < 1e-5
     assert c.kl_mean < 1e-6 and c.top1_agreement == 1.0
-    # torch's int4 kernel multiplies the same codes with bf16 activations: close, not exact (measured KL 3e-4)
+    # torch's int4 kernel multiplies the same codes with bf16 activations: its only error is rounding its inputs
+    # to bf16, which the whole-bf16 model does too (and to its weights, residuals and norms): so it is closer to
+    # fp32 than that model is (measured 2026-12-02: KL 2.6e-4 vs 8.9e-4, top-1 98.5 % vs 96.9 %)
     fast = compare_to_fp32(smollm2, int4_asym, eval_text()[:1500])
-    assert fast.kl_mean < 2e-3 and fast.top1_agreement > 0.97
+    bf16 = compare_to_fp32(smollm2, dataclasses.replace(smollm2, weights=lw.to_dtype(smollm2.weights, torch.bfloat16)),
+                           eval_text()[:1500])
+    assert fast.kl_mean < bf16.kl_mean and fast.top1_agreement >= bf16.top1_agreement
 
 
-# Measured: bf16 weights KL 6e-5, top-1 99.4% (whole text: 5e-5, 99.3%).
-def test_bf16_weights_are_nearly_free(smollm2):
+def test_bf16_weights_are_nearly_free(smollm2, int8):
+    """bf16 keeps 8 significant bits: each weight moves by at most 2^-8 of itself (round to nearest). int8 per
+    row moves a weight by up to max|row| / 254, several % of a typical one: bf16 weights must cost less than
+    int8's (measured 2026-12-02: KL 6e-5 vs 3.9e-3)."""
     bf16 = dataclasses.replace(smollm2, weights=lw.to_dtype(smollm2.weights, torch.bfloat16))
     assert model_weight_bytes(bf16) == 2 * 134_515_008
     c = compare_to_fp32(smollm2, dequantize_model(bf16), eval_text()[:1500])
-    assert c.kl_mean < 1e-4 and c.top1_agreement >= 0.985
+    c8 = compare_to_fp32(smollm2, int8, eval_text()[:1500])
+    for row, block in zip(c.weight_error, smollm2.weights.blocks):
+        peak = max(float(getattr(block, n).weight.abs().max()) for n in LINEARS if getattr(block, n) is not None)
+        assert row["max_abs_error"] <= 2 ** -8 * peak
+    assert c.kl_mean < c8.kl_mean and c.top1_agreement >= c8.top1_agreement
 
 
-# Measured on 256 tokens: weight-only int8 KL 0.004, top-1 96.5%; int8 activations too KL 0.82, top-1 50%.
+# The size of the break is checked against torch's own quantize_dynamic in test_claims_cost.py; here, why: a
+# per-tensor int8 activation step is max / 127, and the outliers (next test) put max ~10^4 x the median, so
+# most activations round to 0 or 1 step (~100 % error) where weight-only int8 errs by a few %: an order of
+# magnitude more KL at the least, and fewer top-1 tokens kept.
 def test_int8_activations_break_the_model_because_of_outliers(smollm2, int8):
     ids = smollm2.tokenizer.encode(eval_text())[:256]
     ref = torch.log_softmax(lw.forward(smollm2, ids, record=False).logits, -1)
@@ -199,17 +212,24 @@ def test_int8_activations_break_the_model_because_of_outliers(smollm2, int8):
 
     kl_weights, top1_weights = kl_and_top1(lw.forward(int8, ids, record=False).logits)
     kl_dynamic, top1_dynamic = kl_and_top1(dynamic_int8_logits(smollm2, ids))
-    assert kl_dynamic > 10 * kl_weights and kl_dynamic > 0.3
-    assert top1_dynamic < 0.7 < 0.95 < top1_weights
+    assert kl_dynamic > 10 * kl_weights and top1_dynamic < top1_weights
 
 
-def test_activation_outliers_dwarf_the_typical_activation(smollm2):
-    trace = lw.forward(smollm2, smollm2.tokenizer.encode(eval_text())[:128])
-    rows = activation_outliers(trace)
+def test_activation_outliers_dwarf_the_typical_activation(smollm2, hf_smollm2):
+    ids = smollm2.tokenizer.encode(eval_text())[:128]
+    rows = activation_outliers(lw.forward(smollm2, ids))
     assert len(rows) == 3 * 30
     worst = max(rows, key=lambda r: r["ratio"])
-    # measured: layer 11's FFN hidden channel 1229 reaches 2835 on the first token, 49,000x the median
-    assert worst["ratio"] > 10_000 and worst["position"] == 0
+    # the reference: the same input of transformers' down_proj in that layer (its FFN hidden activations)
+    seen = []
+    mlp = hf_smollm2.model.layers[worst["layer"]].mlp
+    handle = mlp.down_proj.register_forward_pre_hook(lambda module, args: seen.append(args[0][0].abs()))
+    with torch.no_grad():
+        hf_smollm2(torch.tensor([ids]))
+    handle.remove()
+    a = seen[0]
+    assert worst["site"] == "ffn_hidden" and worst["position"] == int(a.amax(1).argmax())
+    assert worst["ratio"] == pytest.approx(float(a.max() / a.median()), rel=1e-3)
     # one int8 step of that tensor (max / 127) is >100x the median value: typical activations round to 0
     assert worst["max_abs"] / 127 > 100 * worst["median_abs"]
 

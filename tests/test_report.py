@@ -1,7 +1,7 @@
 import pytest
 
 import llmwalk as lw
-from llmwalk.report import (CLOSE, ROUGH, Claim, Verdict, claims_by_section, claims_table, table,
+from llmwalk.report import (Claim, Verdict, claims_by_section, claims_table, table,
                             verdict_rules)
 
 
@@ -38,7 +38,6 @@ def test_verdict_of_a_point_and_its_details():
     (200, 100, Verdict.ROUGHLY), (100, 200, Verdict.ROUGHLY),                              # a factor of 2 exactly
     (201, 100, Verdict.DIFFERS), (0.778, 0.042, Verdict.DIFFERS)])
 def test_verdict_of_a_number_by_its_ratio(measured, said, expected):
-    assert (CLOSE, ROUGH) == (0.10, 2.0)                       # the thresholds the rules text states
     assert Verdict.of_number(measured, said) is expected
 
 

@@ -145,12 +145,21 @@ def int8(smollm2):
     return quantize_model(smollm2, 8)
 
 
-def test_early_exit_rarely_agrees_with_the_full_model(smollm2, int8):
-    """Why early exit drafts badly: the middle layers' top token is seldom the last layer's; int8 nearly always is."""
-    def agreement(other):
-        return compare_to_fp32(smollm2, other, eval_text()[:500]).top1_agreement
-    assert agreement(int8) > 0.9
-    assert all(agreement(early_exit_model(smollm2, n)) < 0.5 for n in (6, 24))
+def test_early_exit_rarely_agrees_with_the_full_model(smollm2, hf_smollm2, int8):
+    """Why early exit drafts badly: the middle layers' top token is seldom the last layer's; int8's nearly always
+    is. The reference: transformers' own logit lens (its hidden state after layer n, its final norm and head)."""
+    text = eval_text()[:500]
+    ids = torch.tensor([smollm2.tokenizer.encode(text)])
+    int8_agreement = compare_to_fp32(smollm2, int8, text).top1_agreement
+    with torch.no_grad():
+        out = hf_smollm2(ids, output_hidden_states=True)
+        final = out.logits[0].argmax(-1)
+        for n in (6, 24):
+            lens = hf_smollm2.lm_head(hf_smollm2.model.norm(out.hidden_states[n]))[0].argmax(-1)
+            theirs = float((lens == final).float().mean())
+            ours = compare_to_fp32(smollm2, early_exit_model(smollm2, n), text).top1_agreement
+            assert ours == pytest.approx(theirs, abs=1.5 / ids.shape[1])        # a near-tie may flip one token
+            assert ours < int8_agreement
 
 
 # ---------------------------------------------------------------- speculative generation on SmolLM2
