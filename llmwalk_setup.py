@@ -84,7 +84,7 @@ def check_font() -> None:
     # Under --dry-run .venv has no matplotlib yet: the interpreter running this script looks instead, if it can.
     found = cjk_font(VENV_PYTHON) or (cjk_font(Path(sys.executable)) if DRY_RUN else None)
     if found is None:
-        print("note: no matplotlib to look for a CJK font with yet; it is looked for after the install")
+        print("note: no matplotlib here yet to look for a CJK font with: the set-up looks after installing it")
         return
     name, hint = found
     if name:
@@ -210,4 +210,7 @@ def main(argv: list[str]) -> int:
 if __name__ == "__main__":
     if hasattr(sys.stdout, "reconfigure"):     # a Windows console's code page may not hold 中文
         sys.stdout.reconfigure(errors="replace")
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:                  # Ctrl+C ends JupyterLab and this script together: no traceback
+        sys.exit(130)

@@ -116,6 +116,7 @@ def test_the_guard_refuses_the_network_before_any_traffic():
     """192.0.2.1 is a documentation address (nothing answers); the guard's own error, raised instantly, shows the
     real connect was never reached, and a name is refused before a DNS lookup."""
     out = under_guard("""import socket, urllib.request
+socket.setdefaulttimeout(0.5)    # were the guard broken, a test of it would still end quickly
 for attempt in (lambda: socket.socket().connect(("192.0.2.1", 443)), lambda: socket.socket().connect_ex(("192.0.2.1", 80)),
                 lambda: socket.socket(type=socket.SOCK_DGRAM).sendto(b"x", ("192.0.2.1", 53)),
                 lambda: socket.create_connection(("example.com", 443)), lambda: socket.getaddrinfo("example.com", 80)):
