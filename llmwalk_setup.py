@@ -104,7 +104,7 @@ def check_chromium() -> None:
         apt_install("chromium")
     else:
         print("note: no Chromium, so the browser test will be skipped: install it "
-              f"({install_hint({'apt-get': 'chromium', 'dnf': 'chromium', 'pacman': 'chromium'}, 'from chromium.org')})"
+              f"({install_hint({'apt-get': 'chromium', 'dnf': 'chromium', 'pacman': 'chromium'}, 'with your package manager')})"
               " or set LLMWALK_CHROMIUM to a Chromium or Chrome executable")
 
 

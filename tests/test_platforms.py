@@ -21,7 +21,8 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "llmwalk"
 GUARD = REPO / "tests" / "offline"
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
-DECLARED = [c.rsplit(" ", 1)[1] for c in PROJECT["classifiers"] if c.startswith("Programming Language :: Python :: 3.")]
+DECLARED = sorted((c.rsplit(" ", 1)[1] for c in PROJECT["classifiers"] if c.startswith("Programming Language :: Python :: 3.")),
+                  key=lambda minor: tuple(map(int, minor.split("."))))
 RUNNING = f"{sys.version_info.major}.{sys.version_info.minor}"
 SKIP_OTHERS = os.environ.get("LLMWALK_OTHER_PYTHONS") == "0"
 
@@ -31,6 +32,10 @@ def find_python(minor: str) -> Path | None:
     found = sorted(root.glob(f"{minor}.*/bin/python{minor}")) if root.is_dir() else []
     on_path = shutil.which(f"python{minor}")
     return found[-1] if found else Path(on_path) if on_path else None
+
+
+def version(minor: str) -> tuple[int, ...]:
+    return tuple(map(int, minor.split(".")))
 
 
 OTHERS = {m: p for m in DECLARED if m != RUNNING and (p := find_python(m))}
@@ -44,10 +49,9 @@ def test_another_declared_python_is_here():
     """Without one, nothing below checks the other Pythons: fail rather than pass quietly."""
     if SKIP_OTHERS:
         pytest.skip("LLMWALK_OTHER_PYTHONS=0: the declared Pythons other than this one are not checked")
-    print(f"declared {DECLARED}; running {RUNNING}; found {sorted(OTHERS)}")
     assert OTHERS, (f"none of the declared Pythons {DECLARED} other than {RUNNING} is installed, so they go unchecked: "
                     f"install one (e.g. pyenv install {DECLARED[0]}), or set LLMWALK_OTHER_PYTHONS=0")
-    assert DECLARED[0] in OTHERS or DECLARED[0] == RUNNING, f"the floor, Python {DECLARED[0]}, is not installed"
+    assert DECLARED[0] in OTHERS or DECLARED[0] == RUNNING, f"the floor, Python {DECLARED[0]}, is not installed (found {sorted(OTHERS)})"
 
 
 def stdlib_imports() -> set[str]:
@@ -75,7 +79,8 @@ print(len(files), len(sys.argv) - 2)"""
 def test_the_package_compiles_and_its_standard_library_imports(minor):
     modules = sorted(stdlib_imports())
     assert "tomllib" in modules and "pathlib" in modules          # the collection sees the imports
-    modules.remove("tomllib")                                     # only on 3.11+: the next test checks its fallback
+    if version(minor) < (3, 11):
+        modules.remove("tomllib")                                 # 3.11's: the next test checks the fallback
     out = subprocess.run([str(OTHERS[minor]), "-I", "-c", UNDER_OTHER_PYTHON, str(PACKAGE), *modules],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, f"Python {minor}: {out.stderr}"
@@ -89,7 +94,7 @@ spec.loader.exec_module(i18n)
 print(json.dumps({"parser": i18n.tomllib.__name__, "tables": {lang: i18n.table(lang) for lang in i18n.LANGUAGES}}))"""
 
 
-@pytest.mark.parametrize("minor", [m for m in sorted(OTHERS) if tuple(map(int, m.split("."))) < (3, 11)])
+@pytest.mark.parametrize("minor", [m for m in sorted(OTHERS) if version(m) < (3, 11)])
 def test_the_strings_load_with_tomli_before_3_11(minor, tmp_path):
     """llmwalk/i18n.py falls back to tomli (declared for Python < 3.11) and reads every text as tomllib does.
     tomli comes from the copy pip vendors, so the test needs no network."""
