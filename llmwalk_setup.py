@@ -74,7 +74,8 @@ def install_hint(package: dict, fallback: str) -> str:
 def cjk_font(python: Path) -> tuple[str, str] | None:
     """(font found or "", the OS's install hint) as `python`'s matplotlib sees them; None if it has no matplotlib."""
     out = subprocess.run([str(python), "-c", FONT_CHECK, str(ROOT / "llmwalk" / "viz" / "fonts.py")],
-                         capture_output=True, text=True, encoding="utf-8", cwd=ROOT)
+                         capture_output=True, text=True, encoding="utf-8", cwd=ROOT,
+                         env=dict(os.environ, PYTHONIOENCODING="utf-8"))   # Windows pipes are not UTF-8 otherwise
     return tuple(out.stdout.split("\n")[:2]) if out.returncode == 0 else None
 
 
