@@ -186,7 +186,8 @@ def windows_like(tmp_path_factory):
     repo = tmp / "张 伟" / "llmwalk"
     shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "*.egg-info", ".hypothesis"))
     (tmp / "empty").mkdir()
-    env = dict(os.environ, PATH=str(tmp / "empty"), LLMWALK_CACHE=str(tmp / "model cache"))
+    env = dict(os.environ, PATH=str(tmp / "empty"), LLMWALK_CACHE=str(tmp / "model cache"),
+               PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1")   # a step run by mistake fails at once, installs nothing
     env.pop("LLMWALK_TORCH", None)
     return repo, env
 
@@ -223,7 +224,8 @@ def test_llmwalk_sh_passes_its_arguments_and_exit_status_on(windows_like):
     env = dict(env, PATH=os.environ["PATH"])                    # llmwalk.sh is for a machine with bash's tools
     direct = dry_run(repo, env, "test", "--dry-run", "-q", "-rs")
     wrapped = subprocess.run([shutil.which("bash"), str(repo / "llmwalk.sh"), "test", "--dry-run", "-q", "-rs"],
-                             env=dict(env, PYTHON=sys.executable), capture_output=True, text=True, encoding="utf-8")
+                             env=dict(env, PYTHON=sys.executable), capture_output=True, text=True, encoding="utf-8",
+                             timeout=300)
     assert wrapped.returncode == direct.returncode == 0 and wrapped.stdout == direct.stdout, wrapped.stderr
     usage = subprocess.run([shutil.which("bash"), str(repo / "llmwalk.sh"), "nonsense"],
                            env=dict(env, PYTHON=sys.executable), capture_output=True, text=True)
