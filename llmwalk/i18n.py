@@ -8,9 +8,13 @@ in `viz.toml`). Numbers, tokens and code stay as they are in every language.
 from __future__ import annotations
 
 import string
-import tomllib
 from functools import cache
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:      # Python 3.10 (Ubuntu 22.04's): the same parser, from PyPI
+    import tomli as tomllib
 
 LANGUAGES = ("en", "zh")
 STRINGS = Path(__file__).parent / "strings"

@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from pathlib import Path
 import secrets
@@ -24,7 +25,7 @@ LAB_SETTINGS = {"@jupyterlab/notebook-extension/tracker.jupyterlab-settings": {"
 def pytest_collection_modifyitems(config, items):
     reason = None
     if CHROMIUM is None:
-        reason = "no Chromium: apt-get install chromium (./llmwalk.sh test does), or set LLMWALK_CHROMIUM"
+        reason = "no Chromium: apt-get install chromium (python llmwalk_setup.py test does as root), or set LLMWALK_CHROMIUM"
     elif shutil.which("jupyter", path=str(Path(sys.executable).parent)) is None:
         reason = "JupyterLab is not installed in this environment: pip install -e '.[notebooks]'"
     for item in items:
@@ -81,11 +82,33 @@ def browser():
         b.close()
 
 
+def is_local(url: str) -> bool:
+    """Served by this machine (JupyterLab on 127.0.0.1), or no request at all (data:, blob:, about:)."""
+    parts = urllib.parse.urlsplit(url)
+    return parts.scheme in ("data", "blob", "about") or parts.hostname in ("127.0.0.1", "localhost", "::1")
+
+
+def _refuse_outside(context) -> list[str]:
+    """Abort every request of `context`'s pages to anywhere but this machine before it is sent; return the list
+    those requests' URLs are collected in."""
+    outside = []
+    context.route(lambda url: not is_local(url), lambda route: outside.append(route.request.url) or route.abort())
+    return outside
+
+
+@pytest.fixture
+def refuse_outside():
+    return _refuse_outside
+
+
 @pytest.fixture
 def page(browser):
+    """A page that works offline: a request to anywhere but this machine is refused, and fails the test."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    outside = _refuse_outside(context)
     yield context.new_page()
     context.close()
+    assert not outside, f"the page asked for something outside this machine: {outside}"
 
 
 @pytest.fixture(scope="session")

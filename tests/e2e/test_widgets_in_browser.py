@@ -129,3 +129,15 @@ def test_step_through_generation_button(page, lab, shots_dir):
     assert len(set(seen)) == 4
     cell.screenshot(path=str(shots_dir / "07_step_after.png"))
     assert_no_errors(page)
+
+
+def test_a_request_outside_this_machine_is_refused_and_seen(browser, refuse_outside):
+    """What the `page` fixture relies on: an image from a documentation address (192.0.2.1) is aborted before it is
+    sent and its URL collected, while the data: URL beside it is not."""
+    context = browser.new_context()
+    outside = refuse_outside(context)
+    page = context.new_page()
+    page.set_content('<img src="http://192.0.2.1/llmwalk.png"><img src="data:image/gif;base64,R0lGODlhAQABAAAAACw=">')
+    page.wait_for_load_state("load")
+    context.close()
+    assert outside == ["http://192.0.2.1/llmwalk.png"]

