@@ -49,6 +49,9 @@ def test_another_declared_python_is_here():
     """Without one, nothing below checks the other Pythons: fail rather than pass quietly."""
     if SKIP_OTHERS:
         pytest.skip("LLMWALK_OTHER_PYTHONS=0: the declared Pythons other than this one are not checked")
+    if not OTHERS and os.environ.get("CI") != "true":     # a learner's laptop rarely has pyenv; CI must check them
+        pytest.skip(f"none of the declared Pythons {DECLARED} other than {RUNNING} is installed here, so they go "
+                    "unchecked on this machine (CI fails instead of skipping)")
     assert OTHERS, (f"none of the declared Pythons {DECLARED} other than {RUNNING} is installed, so they go unchecked: "
                     f"install one (e.g. pyenv install {DECLARED[0]}), or set LLMWALK_OTHER_PYTHONS=0")
     assert DECLARED[0] in OTHERS or DECLARED[0] == RUNNING, f"the floor, Python {DECLARED[0]}, is not installed (found {sorted(OTHERS)})"
