@@ -153,7 +153,7 @@ def pytest_passes(args: list[str], environ: dict) -> list[tuple[dict, list]]:
     # Offline from the first cell: the guard is on PYTHONPATH, so pytest, its workers, the notebook kernels and
     # JupyterLab all refuse the network (HF_HUB_OFFLINE would cover only the Hub's own client).
     path = os.pathsep.join(filter(None, [str(OFFLINE_GUARD), environ.get("PYTHONPATH")]))
-    env = dict(environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
+    env = dict(environ, OMP_NUM_THREADS="1", PYTHONPATH=path, LLMWALK_TEST_OFFLINE="1")   # tests check the guard is on
     pytest = [VENV_PYTHON, "-m", "pytest"]
     passes = [(env, pytest + ["notebooks", "tests"] + nbval + parallel + ["--no-loadscope-reorder"] + args)]
     # The stored outputs must hold on every CPU, not only on the one that recorded them. torch's results change

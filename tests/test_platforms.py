@@ -147,6 +147,28 @@ print(repr(lw.generate(m, "The capital of France is", 3).text))""", timeout=300)
     assert "Paris" in out.stdout
 
 
+def test_this_run_and_its_notebook_kernels_are_offline():
+    """Under the test command, this process and a kernel started as nbval starts one (jupyter_client, the inherited
+    environment) both carry the guard: the notebooks of this run cannot reach the network unnoticed."""
+    if os.environ.get("LLMWALK_TEST_OFFLINE") != "1":
+        pytest.skip("not run by `python llmwalk_setup.py test` (./llmwalk.sh test), which turns the guard on")
+    assert hasattr(sys.modules.get("sitecustomize"), "OfflineError"), "the guard is not loaded in this process"
+    from jupyter_client.manager import start_new_kernel
+    km, kc = start_new_kernel(kernel_name="python3")
+    try:
+        reply = kc.execute_interactive("import socket\ntry:\n    socket.getaddrinfo('example.com', 80)\n"
+                                       "except OSError as e:\n    print(type(e).__name__)", timeout=60,
+                                       output_hook=lambda msg: printed.append(msg["content"].get("text", "")))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert reply["content"]["status"] == "ok"
+    assert "".join(printed).split() == ["OfflineError"]
+
+
+printed: list[str] = []    # what the kernel printed (its output hook appends here)
+
+
 def load_setup_script():
     spec = importlib.util.spec_from_file_location("llmwalk_setup", REPO / "llmwalk_setup.py")
     module = importlib.util.module_from_spec(spec)
@@ -225,6 +247,7 @@ def test_the_setup_runs_from_python_alone_in_a_folder_with_spaces_and_chinese(wi
 def test_llmwalk_sh_passes_its_arguments_and_exit_status_on(windows_like):
     repo, env = windows_like
     env = dict(env, PATH=os.environ["PATH"])                    # llmwalk.sh is for a machine with bash's tools
+    dry_run(repo, env, "setup", "--dry-run")        # the dry run creates .venv for real: both runs below then find it
     direct = dry_run(repo, env, "test", "--dry-run", "-q", "-rs")
     wrapped = subprocess.run([shutil.which("bash"), str(repo / "llmwalk.sh"), "test", "--dry-run", "-q", "-rs"],
                              env=dict(env, PYTHON=sys.executable), capture_output=True, text=True, encoding="utf-8",
