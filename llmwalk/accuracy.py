@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .checks import is_int
 from .quantize import LINEARS, model_weight_bytes, to_float
 from .walk import Trace, forward
 
@@ -56,7 +57,7 @@ def _chunks(ids: Sequence[int], size: int) -> list[list[int]]:
 
 def _eval_chunks(model: "Model", text: str | None, chunk: int) -> list[list[int]]:
     """The text's tokens (the shipped text when None) in chunks; a ValueError when nothing would be predicted."""
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 2:
+    if not is_int(chunk) or chunk < 2:
         raise ValueError(f"chunk must be an int >= 2 (a chunk of one token predicts nothing), got {chunk!r}")
     if text is not None and not text:
         raise ValueError("text is empty: pass a text of two tokens or more, or text=None for the shipped eval_text()")

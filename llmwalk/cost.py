@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from torch import Tensor
 
+from .checks import is_int
 from .kv_cache import KVCache, kv_cache_bytes
 from .walk import forward
 from .weights import Config
@@ -28,7 +29,7 @@ GPT2_SIZES = {"small": (12, 768, 12), "medium": (24, 1024, 16), "large": (36, 12
 
 def _count(name: str, value, least: int = 0) -> None:
     """A ValueError unless `value` is an int >= least: a negative count gives a negative FLOP or byte count."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if not is_int(value) or value < least:
         raise ValueError(f"{name} must be an int >= {least} (a number of tokens), got {value!r}")
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from .checks import is_int
 from .kv_cache import KVCache
 from .sampling import Sampler
 from .walk import check_head, check_ids, forward, layer_hooks
@@ -226,10 +227,6 @@ def _check_hooks(model: "Model", hooks: Mapping[str, Callable[[Tensor], Tensor]]
                              "or iv.next_token_probs")
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _prompt_ids(model: "Model", prompt, chat: bool) -> list[int]:
     """The prompt as checked token ids: text is encoded (through the chat template with chat=True).  # -> [T]"""
     config, tokenizer = model.config, model.tokenizer
@@ -252,15 +249,15 @@ def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, *, max_new_tok
     config = model.config
     if model.tokenizer is None:
         raise ValueError(f"{config.name} was loaded without a tokenizer: generate needs one to show its tokens")
-    if not _is_int(max_new_tokens) or max_new_tokens < 1:
+    if not is_int(max_new_tokens) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    if not _is_int(top_n) or not 0 <= top_n <= config.vocab_size:      # topk would fail after the forward pass
+    if not is_int(top_n) or not 0 <= top_n <= config.vocab_size:      # topk would fail after the forward pass
         raise ValueError(f"top_n must be an int in 0..{config.vocab_size} (the vocabulary), got {top_n!r}")
     check_head(model, head)
     _check_hooks(model, hooks, kv_cache)
     if seed is not None and generator is not None:
         raise ValueError("pass seed= or generator=, not both")
-    if seed is not None and not _is_int(seed):
+    if seed is not None and not is_int(seed):
         raise TypeError(f"seed must be an int, got {seed!r}: e.g. seed=0")
     if seed is not None and not 0 <= seed < 2**64:
         raise ValueError(f"seed must be in [0, 2**64), got {seed}: e.g. seed=0")

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from .checks import is_int
 from .i18n import t
 from .walk import Trace, check_ids, forward
 
@@ -31,7 +32,7 @@ class NoEffectWarning(UserWarning):
 
 def _index(value, what: str) -> int:
     """A layer, head or position: an int >= 0 (a negative one would silently count from the end)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TypeError(f"{what} must be an int, got {value!r}")
     if value < 0:
         raise ValueError(f"{what} must be >= 0, got {value}: they count from 0 (a negative {what} would silently "

@@ -6,11 +6,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from .checks import is_int
 from .weights import Config
 
 
 def _check_length(n: int, length: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= length:
+    if not is_int(n) or not 0 <= n <= length:
         raise ValueError(f"cannot truncate a cache of {length} positions to {n!r}: keep an int in [0, {length}]")
 
 
@@ -59,7 +60,7 @@ class KVCache:
     @classmethod
     def empty(cls, config: Config, capacity: int) -> "KVCache":
         """A cache for up to `capacity` positions."""
-        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        if not is_int(capacity) or capacity < 1:
             raise ValueError(f"capacity must be an int >= 1 (positions), got {capacity!r}")
         return cls([LayerCache(capacity) for _ in range(config.n_layer)])
 

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .checks import is_int
 from .embedding import apply_rope
 from .kv_cache import LayerCache
 from .weights import Block, Config, Linear, Norm
@@ -66,19 +67,15 @@ def norm(x: Tensor, w: Norm, config: Config) -> Tensor:
     return rms_norm(x, w, config.norm_eps, scale_in_float32=config.family == "gemma3")
 
 
-def _is_count(n) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool) and n >= 0
-
-
 def causal_mask(t: int, s: int | None = None, window: int | None = None) -> Tensor:
     """True where query i may look at key j: j <= i (never the future), and within `window` if given.
 
     The t queries are the last t of the s keys (s > t when a KV cache holds the earlier ones).  # -> [t, s] bool
     """
     s = t if s is None else s
-    if not (_is_count(t) and _is_count(s) and t <= s):
+    if not (is_int(t) and is_int(s) and 0 <= t <= s):
         raise ValueError(f"causal_mask needs ints 0 <= t <= s (t queries, the last of s keys), got t={t!r}, s={s!r}")
-    if window is not None and not (_is_count(window) and window >= 1):
+    if window is not None and not (is_int(window) and window >= 1):
         raise ValueError(f"window must be an int >= 1 (keys within `window` positions), got {window!r}")
     q_pos = torch.arange(s - t, s)[:, None]
     k_pos = torch.arange(s)[None, :]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
 import torch
 from torch import Tensor
 
+from .checks import is_int
 from .walk import forward
 from .weights import Weights, tensors, to_dtype
 
@@ -151,7 +152,7 @@ def quantize_tensor(w: Tensor, bits: int = 8, group_size: int | None = None,
                          ": pass one layer matrix, e.g. model.weights.blocks[0].attn_q.weight")
     _finite(w, "the matrix")
     d_in, d_out = w.shape
-    if group_size is not None and (isinstance(group_size, bool) or not isinstance(group_size, int)
+    if group_size is not None and (not is_int(group_size)
                                    or group_size < 1):
         raise ValueError(f"group_size must be an int >= 1 or None (one group per column), got {group_size!r}")
     g = group_size or d_in

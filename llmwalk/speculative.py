@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from torch import Tensor
 
+from .checks import is_int
 from .generation import cut_at_eos, prepare
 from .kv_cache import KVCache
 from .sampling import Sampler
@@ -61,7 +62,7 @@ def verify(p_target: Tensor, p_draft: Tensor | None, drafted: Sequence[int],
     output token then follows p exactly: P(x) = min(q(x), p(x)) + P(reject) · residual(x) = p(x).
     """
     k = len(drafted)
-    bad = [x for x in drafted if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < p_target.shape[-1]]
+    bad = [x for x in drafted if not is_int(x) or not 0 <= x < p_target.shape[-1]]
     if bad:
         raise ValueError(f"drafted ids {bad} are not token ids of a {p_target.shape[-1]}-token vocabulary: draft with "
                          "a model (or lookup) that shares the target's tokenizer")
@@ -126,7 +127,7 @@ class PromptLookupDraft(Draft):
     """
 
     def __init__(self, ngram: int = 3):
-        if isinstance(ngram, bool) or not isinstance(ngram, int) or ngram < 1:
+        if not is_int(ngram) or ngram < 1:
             raise ValueError(f"ngram must be an int >= 1, got {ngram!r}")
         self.ngram = ngram
 
@@ -173,7 +174,7 @@ class ModelDraft(Draft):
 
 def early_exit_model(model: "Model", n_layers: int) -> "Model":
     """The model's first n_layers blocks, then its own final norm and LM head (the logit lens, as a model)."""
-    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers <= model.config.n_layer:
+    if not is_int(n_layers) or not 1 <= n_layers <= model.config.n_layer:
         raise ValueError(f"n_layers must be an int in [1, {model.config.n_layer}], got {n_layers!r}")
     weights = replace(model.weights, blocks=model.weights.blocks[:n_layers])
     config = replace(model.config, name=f"{model.config.name}, first {n_layers} layers", n_layer=n_layers,
@@ -266,7 +267,7 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
     top-p, min-p, applied to the draft's distribution too); at temperature 0 they are exactly generate's tokens.
     """
     tic = time.perf_counter()
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if not is_int(k) or k < 1:
         raise ValueError(f"k (tokens drafted per round) must be an int >= 1, got {k!r}")
     if not isinstance(draft, Draft):
         raise TypeError(f"draft must be a Draft, got {type(draft).__name__}: wrap a small model as ModelDraft(model), "

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..checks import is_int
 from ..i18n import t
 
 _LLMWALK = Path(__file__).resolve().parent.parent
@@ -122,10 +123,6 @@ def _shown(x) -> str:
         return t("exercises.show.unreadable", type=type(x).__name__, error=type(odd).__name__)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _compare_tensor(expected: Tensor, got, ex: Exercise) -> str | None:
     if not isinstance(got, Tensor):
         return t("exercises.compare.not_tensor", type=type(got).__name__)
@@ -177,13 +174,13 @@ def compare(expected, got, ex: Exercise) -> str | None:
     if isinstance(expected, list):
         if not isinstance(got, (list, tuple)):
             return t("exercises.compare.not_list", type=type(got).__name__)
-        if any(_is_int(e) for e in expected) and not all(_is_int(g) for g in got):
+        if any(is_int(e) for e in expected) and not all(is_int(g) for g in got):
             return t("exercises.compare.not_ints")
         if list(got) != expected:
             return t("exercises.compare.returned", got=show(list(got)), expected=show(expected))
         return None
-    if _is_int(expected):
-        if not _is_int(got):
+    if is_int(expected):
+        if not is_int(got):
             return t("exercises.compare.not_int", type=type(got).__name__, got=show(got))
         return None if got == expected else t("exercises.compare.returned", got=f"{got:,}", expected=f"{expected:,}")
     return None if got == expected else t("exercises.compare.returned", got=show(got), expected=show(expected))

@@ -21,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from ..checks import is_int
 from ..cost import decode_step_flops
 from ..generation import Step, prepare
 from ..i18n import t
@@ -228,7 +229,7 @@ MAX_LENS_K = 20           # columns of the lens grid: more do not fit the width 
 
 def logit_lens_widget(trace, model, k: int = 5) -> PlotWidget:
     """A position slider bound to logit_lens_top, k (1 to MAX_LENS_K) columns."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_LENS_K:
+    if not is_int(k) or not 1 <= k <= MAX_LENS_K:
         raise ValueError(f"k (tokens shown per layer) must be an int in 1..{MAX_LENS_K}, got {k!r}: e.g. k=5")
     trace._recorded("resid")                          # the lens reads every layer's residual stream
     n = len(trace.ids)
@@ -318,7 +319,7 @@ def cost_widget(configs: dict, context: int = 9, max_context: int = 4096) -> Plo
     """
     if not configs:
         raise ValueError("cost_widget needs at least one model: pass {name: Config}, e.g. {'SmolLM2': model.config}")
-    if isinstance(max_context, bool) or not isinstance(max_context, int) or max_context < 1:
+    if not is_int(max_context) or max_context < 1:
         raise ValueError(f"max_context must be an int >= 1, got {max_context!r}: e.g. max_context=4096")
     def plot(name, context, kv_cache):
         stages = decode_step_flops(configs[name], context, kv_cache=kv_cache)
