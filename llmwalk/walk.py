@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from . import i18n
+from .checks import is_int
 from .embedding import position_embedding, rope_angles, token_embedding
 from .head import lm_head, softmax
 from .kv_cache import KVCache
@@ -71,7 +72,7 @@ def check_ids(ids: Sequence[int] | Tensor, vocab_size: int, context_length: int,
     try:
         ids = None if isinstance(ids, (str, bytes, bytearray)) else torch.as_tensor(ids)
     except (TypeError, ValueError, RuntimeError):
-        if isinstance(ids, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        if isinstance(ids, (list, tuple)) and all(is_int(i) for i in ids):
             # a list of ints torch could not hold (int64 overflows, e.g. 2**70): a range error, not a type error
             raise ValueError(_outside(next(i for i in ids if not 0 <= i < vocab_size), vocab_size)) from None
         ids = None
