@@ -155,6 +155,7 @@ def test_this_run_and_its_notebook_kernels_are_offline():
     assert hasattr(sys.modules.get("sitecustomize"), "OfflineError"), "the guard is not loaded in this process"
     from jupyter_client.manager import start_new_kernel
     km, kc = start_new_kernel(kernel_name="python3")
+    printed: list[str] = []                             # what the kernel printed (its output hook appends here)
     try:
         reply = kc.execute_interactive("import socket\ntry:\n    socket.getaddrinfo('example.com', 80)\n"
                                        "except OSError as e:\n    print(type(e).__name__)", timeout=60,
@@ -164,9 +165,6 @@ def test_this_run_and_its_notebook_kernels_are_offline():
         km.shutdown_kernel(now=True)
     assert reply["content"]["status"] == "ok"
     assert "".join(printed).split() == ["OfflineError"]
-
-
-printed: list[str] = []    # what the kernel printed (its output hook appends here)
 
 
 def load_setup_script():
