@@ -39,13 +39,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory):
-    """JupyterLab serving a copy of notebooks/ (so autosave never touches the stored notebooks)."""
-    tmp = tmp_path_factory.mktemp("lab")
+# The Chinese edition is read with JupyterLab's own interface in Chinese (jupyterlab-language-pack-zh-cn, in the
+# notebooks extra): the setting a learner picks under Settings → Language.
+LAB_SETTINGS_ZH = {**LAB_SETTINGS, "@jupyterlab/translation-extension/plugin.jupyterlab-settings": {"locale": "zh_CN"}}
+
+
+def _serve_lab(tmp: Path, settings: dict):
+    """JupyterLab serving a copy of notebooks/ (so autosave never touches the stored notebooks), with `settings`."""
     root = tmp / "notebooks"
     shutil.copytree(REPO / "notebooks", root)
-    for name, value in LAB_SETTINGS.items():
+    for name, value in settings.items():
         (tmp / "settings" / Path(name).parent).mkdir(parents=True, exist_ok=True)
         (tmp / "settings" / name).write_text(json.dumps(value))
     token, port = secrets.token_hex(16), _free_port()
@@ -71,6 +74,18 @@ def lab(tmp_path_factory):
         server.terminate()
         server.wait(timeout=30)
         log.close()
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    """JupyterLab in English."""
+    yield from _serve_lab(tmp_path_factory.mktemp("lab"), LAB_SETTINGS)
+
+
+@pytest.fixture(scope="session")
+def lab_zh(tmp_path_factory):
+    """JupyterLab with its interface in Simplified Chinese."""
+    yield from _serve_lab(tmp_path_factory.mktemp("lab_zh"), LAB_SETTINGS_ZH)
 
 
 @pytest.fixture(scope="session")

@@ -141,3 +141,17 @@ def test_a_request_outside_this_machine_is_refused_and_seen(browser, refuse_outs
     page.wait_for_load_state("load")
     context.close()
     assert outside == ["http://192.0.2.1/llmwalk.png"]
+
+
+def test_chinese_edition_in_a_chinese_jupyterlab(page, lab_zh, shots_dir):
+    """The Chinese twin of 06, opened in JupyterLab switched to 中文 (the language pack of the notebooks extra): the
+    menus are Chinese, and so is the widget's own label, which comes from llmwalk/strings/zh/viz.toml."""
+    from llmwalk.i18n import table
+    open_and_run_down_to(page, lab_zh, "zh/06_sampling.ipynb", "sampling_widget(")
+    menubar = page.locator(".lm-MenuBar-itemLabel")
+    labels = [menubar.nth(i).inner_text() for i in range(menubar.count())]
+    assert "文件" in labels and "编辑" in labels, f"JupyterLab's menus are not in Chinese: {labels}"
+    temperature = table("zh")["viz.widgets.temperature"]
+    cell = widget_cell(page, temperature)
+    cell.screenshot(path=str(shots_dir / "zh_06_sampling.png"))
+    assert_no_errors(page)
