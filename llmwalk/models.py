@@ -298,6 +298,7 @@ def _cached_or_converted(out: Path, source: str, convert: Callable[[Path], None]
     model, _ = _cached(out, source)           # no lock: a complete read-only cache is read without writing
     if model is not None:
         _remove_leftovers_if_idle(out)
+        _share_if_private(out)
         return model
     with _converting(out) as staging:
         model, problem = _cached(out, source)     # another process may have converted it meanwhile
@@ -378,6 +379,17 @@ def _remove_leftovers_if_idle(target: Path) -> None:
             with _lock(target, timeout=0):
                 _remove_leftovers(target)
     except OSError:        # the lock is held (filelock.Timeout) or cannot be made (a read-only cache): keep them
+        pass
+
+
+def _share_if_private(out: Path) -> None:
+    """Make an entry of ours that an earlier llmwalk left private (0700, mkdtemp's mode) readable by every user, as new
+    entries are; another user's entry, or a read-only cache, is left as it is."""
+    try:
+        if out.stat().st_uid == os.getuid() and out.stat().st_mode & 0o055 != 0o055:
+            for path in (out, *out.rglob("*")):
+                path.chmod(0o755 if path.is_dir() else 0o644)
+    except (OSError, AttributeError):      # AttributeError: os.getuid does not exist on Windows
         pass
 
 
@@ -629,9 +641,37 @@ def _load_shipped(src: ShippedGGUF, progress: bool) -> Model:
 
 def _load_gguf_file(path: Path, progress: bool) -> Model:
     check_gguf(path)                   # before hashing: a 10 GB file of zeros is refused at its first 4 bytes
-    out = cache_dir() / f"{path.stem}-{sha256_of(path)[:12]}-v{CONVERTER_VERSION}"
+    out = cache_dir() / f"{path.stem}-{gguf_sha256(path)[:12]}-v{CONVERTER_VERSION}"
     return _cached_or_converted(out, f"{path} (converted, cached in {out})",
                                 lambda staging: _convert_gguf(path, path.stem, staging, progress))
+
+
+GGUF_DIGESTS = "gguf-sha256"          # the cache's folder of GGUF digests, one small file each
+
+
+def gguf_sha256(path: Path) -> str:
+    """The sha256 of a GGUF file the user names (its cache key), hashed once per version of the file: remembered in
+    the cache under its path, size, mtime and inode, the trust the converted cache gives its own weights file. A
+    multi-GB file is not read again on every load; a replaced, rewritten or touched file is hashed again."""
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ino}".encode()).hexdigest()
+    memo = cache_dir() / GGUF_DIGESTS / key[:32]
+    try:
+        digest = memo.read_text().strip()
+        if re.fullmatch("[0-9a-f]{64}", digest):
+            return digest
+    except OSError:
+        pass
+    digest = sha256_of(path)
+    try:
+        _writable(memo.parent)
+        staging = memo.with_name(f"{memo.name}.{os.getpid()}.tmp")
+        staging.write_text(digest)
+        staging.chmod(0o644)
+        staging.replace(memo)          # atomic: a concurrent reader sees no memo or the whole digest
+    except (OSError, CacheNotWritableError):
+        pass                           # a read-only cache: hash again next time
+    return digest
 
 
 def _gguf_field(reader, key, default=None):

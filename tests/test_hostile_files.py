@@ -119,6 +119,37 @@ def test_gguf_magic_is_checked_before_hashing(tmp_path, monkeypatch):
         lw.load_model(path)
 
 
+def test_a_gguf_file_is_hashed_once_per_version_not_on_every_load(tmp_path, monkeypatch):
+    """B20's second half: a multi-GB GGUF was re-hashed on every load for its cache key. Now its digest is kept in
+    the cache under the file's path, size, mtime and inode: a second load reads nothing of it, a touched file is
+    hashed again (same key, no conversion), and a rewritten one gets a key and a conversion of its own."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path / "cache"))
+    hashed, real = [], models.sha256_of
+    monkeypatch.setattr(models, "sha256_of", lambda p: hashed.append(Path(p).name) or real(p))
+    first = lw.load_model(path, progress=False)
+    second = lw.load_model(path, progress=False)
+    assert hashed.count("tiny.gguf") == 1 and first.source == second.source
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))
+    assert lw.load_model(path, progress=False).source == first.source and hashed.count("tiny.gguf") == 2
+    path.write_bytes(path.read_bytes()[:-4] + b"\x00\x00\x80\x3f")   # same size, the last weight now 1.0
+    changed = lw.load_model(path, progress=False)
+    assert hashed.count("tiny.gguf") == 3 and changed.source != first.source
+
+
+def test_a_cache_that_cannot_keep_the_digest_still_loads_the_gguf_file(tmp_path, monkeypatch):
+    """Where the digest cannot be written (here its folder's name is taken by a file; a read-only cache is the
+    same for a non-root user), the file is hashed on every load and loads."""
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LLMWALK_CACHE", str(cache))
+    cache.mkdir()
+    (cache / models.GGUF_DIGESTS).write_text("not a folder")
+    assert models.gguf_sha256(path) == models.sha256_of(path)
+    assert lw.load_model(path, progress=False).config.n_layer == 1
+    assert (cache / models.GGUF_DIGESTS).read_text() == "not a folder"
+
+
 # ---------------------------------------------------------------- GGUF files whose header is valid, but whose claims are not
 
 def test_the_tiny_gguf_is_a_valid_model(tmp_path):

@@ -201,6 +201,19 @@ def test_a_complete_read_only_cache_is_read_without_writing_anything(class_dir, 
     assert sorted((p.name, p.stat().st_mtime_ns) for p in cache.rglob("*")) == before
 
 
+def test_an_old_private_entry_of_ours_is_made_readable_by_every_user_when_loaded(class_dir, expected):
+    """Entries an earlier llmwalk wrote with mkdtemp's 0700 stay loadable by their owner and become shareable."""
+    cache = class_dir / "cache"
+    result(child(cache, "convert"))
+    entry = converted_dir(cache)
+    for p in entry.iterdir():
+        p.chmod(0o600)
+    entry.chmod(0o700)
+    assert result(child(cache, "read"))[-1] == expected
+    assert mode(entry) == 0o755 and {f.name: mode(f) for f in entry.iterdir()} == \
+        {f: 0o644 for f in (*models.CACHED_FILES, models.MANIFEST)}
+
+
 def test_a_model_missing_from_a_read_only_cache_names_llmwalk_cache_and_the_fix(class_dir):
     cache = class_dir / "cache"
     cache.mkdir(mode=0o555)
