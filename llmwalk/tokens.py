@@ -75,7 +75,7 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         """Render chat messages with the model's own template (a Jinja2 template shipped with the model)."""
         if not self.chat_template:
-            raise ValueError(f"{self.name} has no chat template (it is a base model): call encode(text) without chat=True")
+            raise ValueError(_no_template(self.name, self.chat_template_source))
         _check_messages(messages)
         try:
             return _render(_compiled_template(self.chat_template), _budget_for(messages),
@@ -508,6 +508,16 @@ class HFTokenizer(Tokenizer):
 
     def _template_tokens(self) -> dict:
         return {"bos_token": self.meta.bos_token or "", "eos_token": self.meta.eos_token or ""}
+
+
+def _no_template(name: str, source: str) -> str:
+    """Why `name` cannot render chat messages: a base model, or a folder of named templates without a default."""
+    named = sorted(p.stem for p in Path(source).glob("*.jinja")) if source.endswith("additional_chat_templates") else []
+    if named:
+        return (f"{name} has no default chat template: {source} holds only named ones ({', '.join(named)}), and "
+                "llmwalk renders the one called \"default\" (it has no tools): copy the one you want to "
+                "chat_template.jinja next to tokenizer.json, or call encode(text) without chat=True")
+    return f"{name} has no chat template (it is a base model): call encode(text) without chat=True"
 
 
 def _chat_template(folder: Path, configured) -> tuple[str | None, str]:

@@ -145,6 +145,15 @@ def test_named_templates_use_the_default_as_transformers(smollm2, hf_tok, tmp_pa
     assert ref == "[system] Be brief.\n[user] 法国的首都是什么\n"                 # the default, not tool_use
 
 
+def test_only_named_templates_and_no_default_names_them_and_the_fix(smollm2, hf_tok, tmp_path):
+    """Not "a base model": the folder has templates, none of them the default transformers and llmwalk render."""
+    path = saved(hf_tok, tmp_path, {"tool_use": "{{ 'tools' }}", "rag": "{{ 'rag' }}"})
+    assert not (path / "chat_template.jinja").exists()
+    with pytest.raises(ValueError, match=r"no default chat template: .*additional_chat_templates holds only named "
+                                         r"ones \(rag, tool_use\).*copy the one you want to chat_template.jinja"):
+        ours(path, smollm2).apply_chat_template(CONVERSATION)
+
+
 def test_legacy_list_in_tokenizer_config_renders_as_transformers(smollm2, hf_tok, tmp_path):
     path = saved(hf_tok, tmp_path, None)
     config = json.loads((path / "tokenizer_config.json").read_text())
