@@ -282,24 +282,30 @@ def test_a_function_that_never_returns_is_stopped_with_a_friendly_message():
     assert "Traceback" not in str(result) and not _exercise_threads()
 
 
-def test_a_bare_except_cannot_swallow_the_time_limit():
-    """Report X10, which never returned. The verdict comes in time; the loop itself ends unless the stop landed on
-    the line inside its `try` (then it runs on until the test lets it go)."""
-    let_go = threading.Event()
+@pytest.mark.parametrize("body", ["sleep", "spin", "settrace"])
+def test_a_bare_except_loop_or_settrace_none_cannot_outlive_the_time_limit(body):
+    """Report X10, which never returned, and the probe's sys.settrace(None), which switched the stop off: the verdict
+    comes in time and the loop itself is ended (the test's own let_go is only a safety net: it must not be needed)."""
+    let_go, rounds = threading.Event(), []
 
     def softmax(logits):
+        if body == "settrace":
+            sys.settrace(None)
         while not let_go.is_set():
             try:
-                time.sleep(0.01)
+                rounds.append(1)
+                if body == "sleep":
+                    time.sleep(0.01)
             except:                                         # noqa: E722  swallows a stop
                 pass
     try:
         result = check("softmax", softmax, timeout=0.2)
+        ended = not _exercise_threads()
     finally:
         let_go.set()
     assert not result.passed and "did not finish within 0.2 s" in result.message
-    for th in _exercise_threads():
-        th.join(30)
+    assert ended, "the learner's loop is still running after the verdict"
+    assert rounds
 
 
 def test_an_answer_returned_after_the_time_is_up_is_still_too_late():
@@ -482,6 +488,21 @@ def test_patching_the_graders_compare_does_not_pass_now_or_later():
     assert not check("softmax", softmax).passed
     assert grader.compare is compare
     assert not check("top_p_filter", lambda logits, p: logits * 0 + 42).passed
+
+
+def test_a_rebound_builtin_is_put_back_and_reported():
+    """The probe's isinstance = lambda *a: True left every later cell of the kernel broken; the grader compares with
+    the builtins it was imported with, and puts the learner's rebinding back."""
+    import builtins
+    original = builtins.isinstance
+
+    def greedy_generate(next_logits, prompt_ids, n):
+        builtins.isinstance = lambda obj, cls: True
+        return [0] * n
+    result = check("greedy_generate", greedy_generate)
+    assert builtins.isinstance is original
+    assert not result.passed and "builtins.isinstance" in result.message, str(result)
+    assert check("greedy_generate", solutions.greedy_generate).passed
 
 
 def test_a_tensor_method_set_by_the_function_is_removed_again():

@@ -10,9 +10,10 @@ T = 1, every k and p boundary) and compares it with llmwalk's implementation (or
 with the functions as they were when llmwalk.exercises was imported. Passing says your function agrees on these
 public cases, no more. It never raises for a wrong answer: an exception in your code (SystemExit too) is reported
 with the case and your line that raised; a function still running after 10 s on one case (an endless loop) is
-stopped and reported the same way, and one stuck in a single long torch call is reported on time while that call
-finishes in the background. Whatever your function rebinds in torch, torch.nn.functional, torch.Tensor or llmwalk
-is put back after each call, and the verdict says so. Verdicts, hints and reveal() speak the language set by
+stopped and reported the same way (a bare `except:` in the loop, or sys.settrace(None), does not keep it going),
+and one stuck in a single long torch call is reported on time while that call finishes in the background. Whatever
+your function rebinds in Python's builtins, math, torch, torch.nn.functional, torch.Tensor or llmwalk is put back
+after each call, and the verdict says so. Verdicts, hints and reveal() speak the language set by
 `lw.set_language` ("en" or "zh").
 
 The exercises, by notebook (tensors are float32 unless said otherwise):

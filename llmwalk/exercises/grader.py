@@ -1,6 +1,7 @@
 """The grader: run a learner's function on an exercise's cases, compare with llmwalk's own, explain the first miss."""
 from __future__ import annotations
 
+import builtins
 import math
 import sys
 import threading
@@ -87,7 +88,15 @@ def _clone(x):
 
 
 def _call(case: Case, fn: Callable):
-    return case.run(fn) if case.run is not None else fn(*(_clone(a) for a in case.args))
+    return _bound(case, fn)()
+
+
+def _bound(case: Case, fn: Callable) -> Callable[[], Any]:
+    """fn on a fresh copy of the case's input, copied now: the copy is the grader's time, not the learner's."""
+    if case.run is not None:
+        return lambda: case.run(fn)
+    args = [_clone(a) for a in case.args]
+    return lambda: fn(*args)
 
 
 def _round(v):
@@ -211,8 +220,9 @@ _MISSING = object()         # "no such name here": Tensor.softmax lives on torch
 
 
 def _namespaces() -> list:
-    """Where a rebinding changes what the grader or llmwalk computes: torch, F, Tensor and every llmwalk module."""
-    return [torch, F, Tensor, *(m for name, m in list(sys.modules.items())
+    """Where a rebinding changes what the grader or llmwalk computes: Python's builtins and math, torch, F, Tensor
+    and every llmwalk module."""
+    return [builtins, math, torch, F, Tensor, *(m for name, m in list(sys.modules.items())
                                 if name.split(".")[0] == "llmwalk" and isinstance(m, ModuleType))]
 
 
@@ -289,6 +299,7 @@ class _Outcome:
     error: BaseException | None = None
     late: bool = False                      # the time ran out (whatever the function did afterwards)
     running: traceback.StackSummary | None = None   # where it still runs, when even stopping it did not end it
+    stopped_at: traceback.StackSummary | None = None    # where it ran when the time was up
 
 
 def _wait(event: threading.Event, seconds: float | None) -> bool:
@@ -300,26 +311,58 @@ def _wait(event: threading.Event, seconds: float | None) -> bool:
     return event.is_set()
 
 
+def _raise_in(thread_id: int, error: type[BaseException]) -> None:
+    """Make `error` be raised in another thread at its next bytecode boundary (CPython's PyThreadState_SetAsyncExc;
+    where that does not exist, only the trace hook stops a function)."""
+    try:
+        import ctypes
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(error))
+    except (ImportError, AttributeError):
+        pass
+
+
+def _nothing() -> None:
+    """A Python call: an exception raised into this thread and not yet delivered is delivered at its start."""
+
+
 def _run(call: Callable[[], Any], timeout: float | None) -> _Outcome:
-    """call() in a worker thread, stopped when `timeout` seconds have passed: a trace hook raises _TookTooLong at
-    the next line it runs. Python switches tracing off after a hook raised, so a bare `except:` around the very line
-    the stop lands on swallows it and the loop goes on; so does one long torch operation (a huge matmul) or
-    time.sleep, which no hook can interrupt. Either way the verdict comes _GRACE seconds later, and says so."""
+    """call() in a worker thread, stopped when `timeout` seconds have passed. Two ways, since either alone can be
+    dodged: a trace hook raises _TookTooLong at the next line the function runs (but Python switches tracing off
+    after a hook raised, and the learner may call sys.settrace(None)), and for _GRACE seconds _TookTooLong is raised
+    into the thread every few milliseconds between bytecodes (a bare `except:` in a loop catches some; the one that
+    lands on the loop's jump ends it). One long torch operation (a huge matmul) or time.sleep runs in C, where
+    neither reaches: then the verdict comes _GRACE seconds later and says so, and the call finishes in the
+    background."""
     stopping, finished, done = [False], threading.Event(), []     # stopping[0]: a list item, read without a call
+    learner, quiet = [True], threading.Lock()      # learner[0]: the learner's code may still run; flipped under quiet
 
     def tracer(frame, event, arg):
         if stopping[0] and event == "line":    # not while unwinding ("return"): that would hide the learner's line
             raise _TookTooLong
         return tracer
 
-    def work():
+    def learners_part():
         sys.settrace(tracer)                    # this thread only
         try:
             done.append((call(), None))
         except BaseException as error:          # the learner's, or the _TookTooLong that stopped it
             done.append((None, error))
-        stopping[0] = False                     # the learner's code is over: nothing may raise in ours
-        sys.settrace(None)
+        finally:
+            with quiet:                         # no stop is raised into the thread from here on
+                learner[0] = stopping[0] = False
+            sys.settrace(None)
+
+    def work():
+        try:
+            learners_part()
+        except _TookTooLong:                    # a stop that landed in our code after the learner's had returned
+            pass
+        while True:                             # one stop raised just before the flip may still be on its way
+            try:
+                _nothing()
+                break
+            except _TookTooLong:
+                pass
         finished.set()
 
     worker = threading.Thread(target=work, name="llmwalk-exercise", daemon=True)
@@ -330,12 +373,21 @@ def _run(call: Callable[[], Any], timeout: float | None) -> _Outcome:
     finally:                                    # the time is up, or the learner interrupted the kernel
         if not finished.is_set():
             late = stopping[0] = True
-            _wait(finished, _GRACE)
+            at = sys._current_frames().get(worker.ident)
+            stopped_at = traceback.extract_stack(at) if at is not None else None
+            end = time.monotonic() + _GRACE
+            while not finished.is_set() and time.monotonic() < end:
+                with quiet:                     # only into the learner's code, not the grader's lines around it
+                    frame = sys._current_frames().get(worker.ident)
+                    if learner[0] and frame is not None and frame.f_code.co_filename != __file__:
+                        _raise_in(worker.ident, _TookTooLong)
+                finished.wait(0.02)
     if not late:
         return _Outcome(*done[0])
     error = done[0][1] if done else None
     frame = None if finished.is_set() else sys._current_frames().get(worker.ident)
-    return _Outcome(error=error, late=True, running=traceback.extract_stack(frame) if frame else None)
+    return _Outcome(error=error, late=True, running=traceback.extract_stack(frame) if frame else None,
+                    stopped_at=stopped_at)
 
 
 # ---------------------------------------------------------------- grading
@@ -354,7 +406,7 @@ def grade(ex: Exercise, fn: Callable, *, timeout: float | None = TIMEOUT) -> Res
     for case, want in zip(cases, expected):
         restore, before = _restore, _snapshot()     # bound before the learner's code runs
         try:
-            outcome = _run(lambda: _call(case, fn), timeout)
+            outcome = _run(_bound(case, fn), timeout)
         finally:
             replaced.update(restore(before))
         if isinstance(outcome.error, KeyboardInterrupt):
@@ -383,7 +435,8 @@ def _verdict(ex: Exercise, case: Case, expected, outcome: _Outcome, timeout: flo
         message = (t("exercises.grader.still_running", **late, where=_learner_line(outcome.running))
                    if outcome.running is not None else
                    t("exercises.grader.timeout", **late,
-                     where=_learner_line(traceback.extract_tb(error.__traceback__) if error else [])))
+                     where=_learner_line(traceback.extract_tb(error.__traceback__) if error else [])
+                     or _learner_line(outcome.stopped_at or [])))
         return Result(ex.name, False, message, case.label, inputs, case.hint)
     if isinstance(error, NotImplementedError):
         return Result(ex.name, False, t("exercises.grader.not_implemented"))
