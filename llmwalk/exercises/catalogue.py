@@ -576,10 +576,15 @@ def _next_token_diagnose(case: Case, expected, got) -> str | None:
         return t("exercises.next_token.hint.every_position")
     if _close(got, softmax(expected)):
         return t("exercises.next_token.hint.probabilities")
-    variants = {"final_norm": dict(final_norm=False), "first_position": dict(at=0), "rope": dict(rope=False),
-                "mask": dict(mask="none"), "transposed": dict(mask="transposed"), "residual": dict(residual=False),
-                "last_layer": dict(layers=slice(0, -1)), "first_layer": dict(layers=slice(1, None))}
-    wrong = {t(f"exercises.next_token.hint.{name}"): _chain(w, c, ids, **kwargs) for name, kwargs in variants.items()}
+    wrong = {t("exercises.next_token.hint.final_norm"): dict(final_norm=False),
+             t("exercises.next_token.hint.first_position"): dict(at=0),
+             t("exercises.next_token.hint.rope"): dict(rope=False),
+             t("exercises.next_token.hint.mask"): dict(mask="none"),
+             t("exercises.next_token.hint.transposed"): dict(mask="transposed"),
+             t("exercises.next_token.hint.residual"): dict(residual=False),
+             t("exercises.next_token.hint.last_layer"): dict(layers=slice(0, -1)),
+             t("exercises.next_token.hint.first_layer"): dict(layers=slice(1, None))}
+    wrong = {hint: _chain(w, c, ids, **kwargs) for hint, kwargs in wrong.items()}
     wrong[t("exercises.next_token.hint.rope_pairs")] = _chain(_adjacent_pairs(w, c), c, ids)
     return _first_match(got, wrong)
 

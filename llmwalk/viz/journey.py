@@ -13,7 +13,6 @@ if TYPE_CHECKING:
     from ..walk import Journey
 
 FONT = 10                       # points; box geometry is in em of this size
-ARTICLE = ("tokenize", "embedding", "softmax")   # Journey.STAGES the article names itself (viz.journey.<key>)
 NOT_IN_ARTICLE = "#e5e5e5"      # the final norm: a stage the article's chain leaves out
 
 
@@ -21,8 +20,9 @@ def _boxes(j: "Journey") -> list[tuple[str, str, str]]:
     """(name, note, colour) for every box: the input, the journey's stages (their shapes), the token chosen."""
     text = repr(j.prompt) if len(repr(j.prompt)) <= 20 else repr(j.prompt)[:19] + "…"
     boxes = [(t("viz.journey.input"), text.replace("$", r"\$"), CHIP_COLORS[1])]
-    names = {**{key: t(f"viz.journey.{key}") for key in ARTICLE}, "layers": t("viz.journey.layers", n=len(j.trace.layers)),
-             "lm head": t("viz.journey.lm_head"), "pick a token": t("viz.journey.pick")}   # the final norm: the stage's name
+    names = {"tokenize": t("viz.journey.tokenize"), "embedding": t("viz.journey.embedding"),   # the article's words
+             "layers": t("viz.journey.layers", n=len(j.trace.layers)), "lm head": t("viz.journey.lm_head"),
+             "softmax": t("viz.journey.softmax"), "pick a token": t("viz.journey.pick")}   # the final norm: the stage's
     for key, (stage, shape, _) in zip(j.STAGES, j.stages(), strict=True):
         boxes.append((names.get(key, stage), shape, NOT_IN_ARTICLE if key == "final norm" else CHIP_COLORS[0]))
     first = j.answer.steps[0].token if j.answer.steps else str(j.first_token)
@@ -73,15 +73,17 @@ def pipeline_diagram(j: "Journey", tokenizer, width: float = 64) -> Figure:
     n, d, vocab = len(j.ids), j.trace.final.shape[-1], j.probs.numel()
     first = show_piece(tokenizer.decode([j.first_token]))
     pieces = "|".join(show_piece(p) for p in tokenizer.pieces(j.ids))
-    values = {"text": _clip(repr(j.prompt)).replace("$", r"\$"), "tokens": _clip(pieces), "ids": _clip(str(j.ids)),
-              "embedding": f"[{n}] → [{n}, {d}]", "layers": f"[{n}, {d}] → [{n}, {d}]", "final_norm": f"[{d}] → [{d}]",
-              "lm_head": t("viz.pipeline.logits", vocab=vocab),
-              "softmax": t("viz.pipeline.p", token=repr(first), p=f"{float(j.probs[j.first_token]):.2f}"),
-              "pick": repr(first)}
-    tokenizing, chosen = {"text", "tokens", "ids"}, {"pick"}
-    boxes = [(t(f"viz.pipeline.{key}", n_layer=len(j.trace.layers)), value,
-              CHIP_COLORS[1] if key in tokenizing else CHIP_COLORS[3] if key in chosen else CHIP_COLORS[0])
-             for key, value in values.items()]
+    tokenizing, stage, chosen = CHIP_COLORS[1], CHIP_COLORS[0], CHIP_COLORS[3]
+    p = f"{float(j.probs[j.first_token]):.2f}"
+    boxes = [(t("viz.pipeline.text"), _clip(repr(j.prompt)).replace("$", r"\$"), tokenizing),
+             (t("viz.pipeline.tokens"), _clip(pieces), tokenizing),
+             (t("viz.pipeline.ids"), _clip(str(j.ids)), tokenizing),
+             (t("viz.pipeline.embedding"), f"[{n}] → [{n}, {d}]", stage),
+             (t("viz.pipeline.layers", n_layer=len(j.trace.layers)), f"[{n}, {d}] → [{n}, {d}]", stage),
+             (t("viz.pipeline.final_norm"), f"[{d}] → [{d}]", stage),
+             (t("viz.pipeline.lm_head"), t("viz.pipeline.logits", vocab=vocab), stage),
+             (t("viz.pipeline.softmax"), t("viz.pipeline.p", token=repr(first), p=p), stage),
+             (t("viz.pipeline.pick"), repr(first), chosen)]
     steps = j.answer.steps
     loop = t("viz.pipeline.loop", token=repr(first), rounds=len(steps), text=_clip(repr(j.answer.text), 40))
     return _chain_figure(boxes, t("viz.pipeline.header", n=n), loop.replace("$", r"\$"), width)
