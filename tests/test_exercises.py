@@ -25,8 +25,8 @@ def test_every_solution_passes(name):
     assert result.passed, str(result)
 
 
-def test_every_notebook_02_to_08_has_an_exercise():
-    assert {ex.notebook[:2] for ex in exercises()} == {f"0{i}" for i in range(2, 9)}
+def test_every_notebook_02_to_09_has_an_exercise():
+    assert {f"0{i}" for i in range(2, 10)} <= {ex.notebook[:2] for ex in exercises()}
 
 
 # Independent implementations (torch.nn.functional, tiktoken's own encode, llmwalk's own functions) must pass.

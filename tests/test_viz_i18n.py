@@ -73,6 +73,7 @@ PLOTS = {   # name: the plot drawn from `walk` (every public plot function of ll
     "generation_figure": lambda w: viz.generation_figure(w["generation"].steps, w["tok"],
                                                          w["generation"].prompt_ids),
     "journey_diagram": lambda w: viz.journey_diagram(w["journey"]),
+    "pipeline_diagram": lambda w: viz.pipeline_diagram(w["journey"], w["tok"]),
     "flops_bars": lambda w: viz.flops_bars(flops_by_stage(gpt2_config(), 9)),
     "memory_bars": lambda w: viz.memory_bars({"fp32": 4e8, "int8": 1e8}),
     "time_per_token": lambda w: viz.time_per_token([8, 64], {"KV": [0.01, 0.011]}),

@@ -1,11 +1,14 @@
-"""llmwalk.viz on whole journeys: the round table and chips of a slice of the rounds, and the journey diagram."""
+"""llmwalk.viz on whole journeys: the round table and chips of a slice of the rounds, the journey diagram (09)
+and the pipeline diagram (01)."""
 import dataclasses
+import re
 
 import matplotlib
 
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 import llmwalk as lw  # noqa: E402
@@ -78,16 +81,16 @@ def test_journey_diagram_shows_every_stage_and_its_shape(chat_journey):
     fig = viz.journey_diagram(j)
     assert isinstance(fig, Figure)
     drawn = texts(fig)
-    boxes = [t for t in drawn if "\n" in t]                    # one box per stage: its name, then its shape
+    boxes = [t for t in drawn if "\n" in t and not t.startswith("加回")]   # one box per stage: its name, its shape
     stages = j.stages()
     assert len(boxes) == len(stages) + 2                       # the input before, the token chosen after
     assert [b.split("\n", 1)[1] for b in boxes[1:-1]] == [shape for _, shape, _ in stages]
     names = [b.split("\n", 1)[0] for b in boxes]
-    assert names[:4] == ["输入", "Token 化", "Embedding", "30 × Attention/FFN"]
-    assert names[-4:] == ["LM Head, last position", "Softmax", "pick a token (greedy)", "输出词"]
+    assert names[:4] == ["输入 (input)", "Token 化 (tokenize)", "Embedding", "30 × Attention/FFN"]   # the article's
+    assert names[-4:] == ["LM Head, last position", "Softmax", "pick a token (greedy)", "输出词 (output word)"]
     assert "[37, 576] → [37, 576]" in boxes[3] and "[576] → [49152] logits" in boxes[5]
-    assert boxes[-1] == f"输出词\n{show_piece(j.answer.steps[0].token)!r}"
-    loop = next(t for t in drawn if t.startswith("加回输入"))
+    assert boxes[-1] == f"输出词 (output word)\n{show_piece(j.answer.steps[0].token)!r}"
+    loop = next(t for t in drawn if t.startswith("加回输入 → 重复 (append to the input, repeat)"))
     steps = j.answer.steps
     assert f"rounds 2–{len(steps)}" in loop and "1 new token each (KV cache)" in loop
     assert j.answer.stopped == "eos" and loop.endswith(f"until {show_piece(steps[-1].token)} = [EOS]")
@@ -104,13 +107,47 @@ def test_journey_diagram_in_chinese(chat_journey):
     n = len(chat_journey.ids)
     assert f"Token 化\n文本 → {n} 个 id" in drawn and "最终归一化，最后一个位置\n[576] → [576]" in drawn
     assert "LM Head，最后一个位置\n[576] → [49152] 个 logit" in drawn and "Softmax\n[49152] 个概率" in drawn
-    assert "30 × Attention/FFN" in "".join(drawn)
+    assert "30 × Attention/FFN" in "".join(drawn) and "输入\n'What is the capita…" in drawn
+    assert any(t.startswith("加回输入 → 重复：第 2–") and "对前面" in t for t in drawn)   # attends to: 对……做注意力
 
 
 def test_journey_diagram_without_end_token(smollm2):
     j = lw.journey(smollm2, PROMPT, max_new_tokens=3)
     drawn = texts(viz.journey_diagram(j))
-    assert "Embedding\n[5] → [5, 576]" in drawn and "输出词\n'␣Paris'" in drawn
+    assert "Embedding\n[5] → [5, 576]" in drawn and "输出词 (output word)\n'␣Paris'" in drawn
     assert any(t.endswith("stopped by max_new_tokens = 3: no [EOS]") for t in drawn)
     one = lw.journey(smollm2, PROMPT, max_new_tokens=1)
     assert any("no second round" in t for t in texts(viz.journey_diagram(one)))
+
+
+# ---------------------------------------------------------------- the pipeline diagram (notebook 01)
+
+def test_pipeline_diagram_shows_every_stage_its_value_and_its_notebook(smollm2):
+    j = lw.journey(smollm2, PROMPT, max_new_tokens=4)
+    drawn = texts(viz.pipeline_diagram(j, smollm2.tokenizer))
+    boxes = [t for t in drawn if "\n" in t and not t.startswith("the loop")]
+    names, values = zip(*(b.split("\n", 1) for b in boxes))
+    assert [re.search(r"\((\d\d)\)$", n) and re.search(r"\((\d\d)\)$", n)[1] for n in names] == \
+        [None, "02", "02", "03", "04", "04", "05", "05", "06"]          # text, then each stage's notebook, in order
+    assert names[0] == "text" and names[4] == "30 layers: attention + FFN (04)" and names[5].startswith("final norm")
+    ids = smollm2.tokenizer.encode(PROMPT)
+    assert values[0] == repr(PROMPT) and values[2] == str(ids)
+    assert values[1] == "|".join(show_piece(p) for p in smollm2.tokenizer.pieces(ids))
+    assert values[3] == "[5] → [5, 576]" and values[5] == "[576] → [576]" and values[6] == "[49152] logits"
+    p = torch.softmax(j.trace.logits[-1].double(), -1)                 # the probabilities, computed here
+    assert values[7] == f"top '␣Paris', p = {float(p.max()):.2f}" and values[8] == "'␣Paris'"
+    assert int(p.argmax()) == smollm2.tokenizer.encode(" Paris")[0]
+    loop = next(t for t in drawn if t.startswith("the loop (07)"))
+    assert "append '␣Paris' to the ids" in loop and "4 rounds write" in loop and repr(j.answer.text) in loop
+
+
+def test_pipeline_diagram_in_chinese(smollm2):
+    j = lw.journey(smollm2, PROMPT, max_new_tokens=2)
+    lw.set_language("zh")
+    try:
+        drawn = texts(viz.pipeline_diagram(j, smollm2.tokenizer))
+    finally:
+        lw.set_language("en")
+    assert "词块（02）\nThe|␣capital|␣of|␣France|␣is" in drawn and "最终归一化，最后一个位置（04）\n[576] → [576]" in drawn
+    assert "LM Head（05）\n[49152] 个 logit" in drawn and "30 层：注意力 + FFN（04）\n[5, 576] → [5, 576]" in drawn
+    assert any(t.startswith("循环（07）：把 '␣Paris' 接到 id 末尾") for t in drawn)

@@ -46,6 +46,9 @@ The exercises, by notebook (tensors are float32 unless said otherwise):
         one decoding step: append the new key/value, then attend from the new query to all S + 1 positions
 08_cost
     kv_cache_bytes(n_layer, n_kv_head, d_head, T, bytes_per_number) -> int
+09_the_journey
+    next_token_logits(weights: Weights, config: Config, ids: [T] int64) -> [vocab]
+        the whole chain: embedding, every layer (causal mask, RoPE), final norm, LM head at the last position
 
 Solutions, for teachers: `llmwalk/exercises/solutions.py`. `python -m llmwalk.exercises` checks them all.
 """

@@ -16,6 +16,7 @@ from .. import (Norm, apply_temperature, causal_mask, gpt2_config, gpt2_tokenize
                 layer_norm, lm_head, rms_norm, softmax, token_embedding, top_k_filter, top_p_filter)
 from ..i18n import t
 from .grader import Case, Exercise
+from .. import Block, Config, Linear, Model, Weights, block_forward, forward, norm, rope_angles   # 09: the chain
 
 INF = float("inf")
 
@@ -488,6 +489,106 @@ def _kv_bytes_diagnose(case: Case, expected, got) -> str | None:
     return None
 
 
+# ---------------------------------------------------------------- 09 the journey
+
+# A SmolLM2 in miniature (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied head) with random weights: every link
+# of the chain changes the logits, and a case runs in milliseconds.
+TINY = Config(name="tiny-llama", family="llama", n_layer=3, n_head=4, n_kv_head=2, d_model=32, d_head=8, d_ff=64,
+              vocab_size=40, context_length=64, norm="rmsnorm", norm_eps=1e-5, position="rope", ffn="swiglu",
+              tied_embeddings=True, rope_theta=100.0)
+
+
+def _tiny_weights(c: Config = TINY, seed: int = 190) -> Weights:
+    """Random weights in checkpoint layout ([d_in, d_out]); norm scales away from 1 so a missing norm shows."""
+    g = _gen(seed)
+
+    def lin(d_in: int, d_out: int) -> Linear:
+        return Linear(torch.randn(d_in, d_out, generator=g) * d_in ** -0.5)
+
+    def scale(d: int) -> Norm:
+        return Norm(1 + 0.5 * torch.rand(d, generator=g))
+
+    blocks = tuple(Block(attn_norm=scale(c.d_model), attn_q=lin(c.d_model, c.n_head * c.d_head),
+                         attn_k=lin(c.d_model, c.n_kv_head * c.d_head), attn_v=lin(c.d_model, c.n_kv_head * c.d_head),
+                         attn_output=lin(c.n_head * c.d_head, c.d_model), ffn_norm=scale(c.d_model),
+                         ffn_up=lin(c.d_model, c.d_ff), ffn_down=lin(c.d_ff, c.d_model),
+                         ffn_gate=lin(c.d_model, c.d_ff)) for _ in range(c.n_layer))
+    embd = torch.randn(c.vocab_size, c.d_model, generator=g)
+    return Weights(token_embd=embd, blocks=blocks, output_norm=scale(c.d_model), output=embd)
+
+
+def _next_token_reference(weights: Weights, config: Config, ids: Tensor) -> Tensor:
+    """llmwalk's whole forward pass, the logits of the last position.  # [T] -> [vocab]"""
+    return forward(Model(config, weights, None, "exercise"), ids, record=False, last_only=True).logits[-1]
+
+
+def _chain(weights: Weights, config: Config, ids: Tensor, *, rope: bool = True, mask: str = "causal",
+           layers: slice = slice(None), residual: bool = True, final_norm: bool = True, at: int = -1) -> Tensor:
+    """The chain with one link changed, as a learner may write it: the usual wrong answers to diagnose.  # [T] -> [vocab]"""
+    n = ids.numel()
+    x = token_embedding(ids, weights.token_embd, config.embed_scale)
+    angles = rope_angles(torch.arange(n), config.d_head, config.rope_theta) if rope else None
+    m = {"causal": causal_mask(n), "none": torch.ones(n, n, dtype=torch.bool), "transposed": causal_mask(n).T}[mask]
+    for block in weights.blocks[layers]:
+        out = block_forward(x, block, config, m, angles)
+        x = out.resid_post if residual else out.ffn_out
+    h = x[[at]]                                                    # [1, d]: the position the logits are read at
+    return lm_head(norm(h, weights.output_norm, config) if final_norm else h, weights.output)[0]
+
+
+def _adjacent_pairs(weights: Weights, config: Config) -> Weights:
+    """Weights whose rotate-half RoPE computes what RoPE on neighbouring pairs (x_2i, x_2i+1), the RoFormer paper's
+    layout, does with the original ones: q·k is unchanged when q and k are permuted alike, so permute the columns of
+    W_q and W_k within each head, evens first."""
+    d = config.d_head
+    within = torch.cat([torch.arange(0, d, 2), torch.arange(1, d, 2)])
+
+    def permuted(lin: Linear, n: int) -> Linear:
+        cols = (torch.arange(n)[:, None] * d + within).flatten()
+        return replace(lin, weight=lin.weight[:, cols])
+    return replace(weights, blocks=tuple(replace(b, attn_q=permuted(b.attn_q, config.n_head),
+                                                 attn_k=permuted(b.attn_k, config.n_kv_head))
+                                         for b in weights.blocks))
+
+
+def _next_token_case(label: str, ids: list[int], hint: str, weights: Weights) -> Case:
+    """One prompt for the tiny model; shown as its ids (the weights are too many numbers to print)."""
+    def run(fn):
+        return fn(weights, TINY, torch.tensor(ids))
+    return Case(label, (weights, TINY, torch.tensor(ids)), hint, run=run,
+                shown=t("exercises.next_token.shown", ids=ids, n_layer=TINY.n_layer, d_model=TINY.d_model,
+                        vocab=TINY.vocab_size))
+
+
+def _next_token_cases() -> list[Case]:
+    w = _tiny_weights()
+    chain, positions = t("exercises.next_token.hint.chain"), t("exercises.next_token.hint.positions")
+    long = torch.randperm(TINY.vocab_size, generator=_gen(191))[:12].tolist()
+    return [_next_token_case(t("exercises.next_token.case.one"), [7], chain, w),
+            _next_token_case(t("exercises.next_token.case.two"), [7, 21], positions, w),
+            _next_token_case(t("exercises.next_token.case.repeated"), [3, 30, 3, 3, 12, 5], positions, w),
+            _next_token_case(t("exercises.next_token.case.long"), long, positions, w)]
+
+
+def _next_token_diagnose(case: Case, expected, got) -> str | None:
+    w, c, ids = case.args
+    if isinstance(got, Tensor) and got.shape == (ids.numel(), c.vocab_size) and _close(got[-1], expected):
+        return t("exercises.next_token.hint.every_position")
+    if _close(got, softmax(expected)):
+        return t("exercises.next_token.hint.probabilities")
+    wrong = {t("exercises.next_token.hint.final_norm"): dict(final_norm=False),
+             t("exercises.next_token.hint.first_position"): dict(at=0),
+             t("exercises.next_token.hint.rope"): dict(rope=False),
+             t("exercises.next_token.hint.mask"): dict(mask="none"),
+             t("exercises.next_token.hint.transposed"): dict(mask="transposed"),
+             t("exercises.next_token.hint.residual"): dict(residual=False),
+             t("exercises.next_token.hint.last_layer"): dict(layers=slice(0, -1)),
+             t("exercises.next_token.hint.first_layer"): dict(layers=slice(1, None))}
+    wrong = {hint: _chain(w, c, ids, **kwargs) for hint, kwargs in wrong.items()}
+    wrong[t("exercises.next_token.hint.rope_pairs")] = _chain(_adjacent_pairs(w, c), c, ids)
+    return _first_match(got, wrong)
+
+
 EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
     Exercise("bpe", "02_tokenization", "bpe(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]",
              ("piece", "ranks"), 20, _bpe_reference, _bpe_cases, _bpe_diagnose),
@@ -523,4 +624,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
     Exercise("kv_cache_bytes", "08_cost", "kv_cache_bytes(n_layer, n_kv_head, d_head, T, bytes_per_number) -> int",
              ("n_layer", "n_kv_head", "d_head", "T", "bytes_per_number"), 5, _kv_bytes_reference, _kv_bytes_cases,
              _kv_bytes_diagnose),
+    Exercise("next_token_logits", "09_the_journey", "next_token_logits(weights: Weights, config: Config, ids: [T] int64) "
+             "-> logits [vocab] of the token after ids", ("weights", "config", "ids"), 30, _next_token_reference,
+             _next_token_cases, _next_token_diagnose, rtol=1e-4, atol=1e-4),
 ]}

@@ -93,3 +93,39 @@ def kv_cache_step(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_ca
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, T: int, bytes_per_number: int) -> int:
     return 2 * n_layer * n_kv_head * d_head * T * bytes_per_number     # keys and values
+
+
+def next_token_logits(weights, config, ids: Tensor) -> Tensor:
+    """SmolLM2's forward pass from the checkpoint's tensors: embedding, n_layer pre-norm blocks (RMSNorm, RoPE,
+    grouped-query causal attention, SwiGLU), final norm, and the tied LM head at the last position.  # [T] -> [vocab]"""
+    c, T = config, ids.numel()
+
+    def rms(x, w):
+        return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + c.norm_eps) * w.weight
+
+    def rope(x):                                                       # [n, T, d_head]: pairs (x_i, x_{i + d/2})
+        freq = c.rope_theta ** (-torch.arange(0, c.d_head, 2).float() / c.d_head)
+        angle = torch.arange(T).float()[:, None] * freq                # [T, d_head / 2]
+        cos, sin = angle.cos().repeat(1, 2), angle.sin().repeat(1, 2)
+        half = c.d_head // 2
+        return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+    def heads(x, n):                                                   # [T, n * d_head] -> [n, T, d_head]
+        return x.view(T, n, c.d_head).transpose(0, 1)
+
+    x = weights.token_embd[ids] * c.embed_scale                        # [T, d_model]
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    for b in weights.blocks:
+        h = rms(x, b.attn_norm)
+        q, k, v = (heads(h @ lin.weight, n) for lin, n in ((b.attn_q, c.n_head), (b.attn_k, c.n_kv_head),
+                                                               (b.attn_v, c.n_kv_head)))
+        q, k = rope(q), rope(k)
+        group = c.n_head // c.n_kv_head                                # query heads per key/value head
+        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        scores = (q @ k.transpose(-2, -1) / math.sqrt(c.d_head)).masked_fill(future, float("-inf"))
+        z = softmax(scores) @ v                                        # [n_head, T, d_head]
+        x = x + z.transpose(0, 1).reshape(T, -1) @ b.attn_output.weight
+        h = rms(x, b.ffn_norm)
+        gate = h @ b.ffn_gate.weight
+        x = x + (gate * torch.sigmoid(gate) * (h @ b.ffn_up.weight)) @ b.ffn_down.weight   # SiLU(gate) * up
+    return rms(x[-1], weights.output_norm) @ weights.output.T          # [vocab]

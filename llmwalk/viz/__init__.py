@@ -11,7 +11,7 @@ from .cost import (error_histogram, flops_bars, memory_bars, pass_cost, speculat
 from .embedding import order_demo, position_table, rope_frequencies, similarity_matrix, vector_strips
 from .fonts import use_cjk_font
 from .generation import generation_figure, generation_table
-from .journey import journey_diagram
+from .journey import journey_diagram, pipeline_diagram
 from .layers import ablation_sweep, ffn_widths, intervention_bars, norm_stats, patching_heatmap, residual_norms
 from .lens import logit_lens_grid, logit_lens_top, token_rank
 from .sampling import prob_bars, sample_histogram, sampling_panel, surgery_plot
