@@ -72,9 +72,10 @@ def order_check(model: "Model", text_a: str, text_b: str) -> dict:
 
     Returns: the ids; whether the token vectors are the same rows; the largest difference between layer 0's
     attention output for a token in one sentence and the same token in the other, relative to the largest
-    output — without position and without mask, with the causal mask only, and in the real model (mask and
-    positions); the cosine between
-    the last layer's vectors of the same token in the two sentences (smallest and mean over tokens).
+    output, in four set-ups — neither mask nor positions, positions only (no mask), the causal mask only, and the
+    real model (mask and positions) — and the same difference token by token ("token_gaps", in text_a's order);
+    the cosine between the last layer's vectors of the same token in the two sentences (smallest and mean over
+    tokens).
     """
     config, w = model.config, model.weights
     ids_a = torch.tensor(model.tokenizer.encode(text_a))
@@ -92,20 +93,22 @@ def order_check(model: "Model", text_a: str, text_b: str) -> dict:
         return attention(norm(x, w.blocks[0].attn_norm, config), w.blocks[0], config, mask,
                          rope if isinstance(rope, tuple) else None).out
 
-    def gap(mask, rope):
+    def token_gaps(mask, rope):    # [T]: each token of text_a against itself in text_b
         with torch.inference_mode():
             a, b = layer0(ids_a, mask, rope), layer0(ids_b, mask, rope)
-        return float((a[order_a] - b[order_b]).abs().max() / a.abs().max())
+        per_token = (a[order_a] - b[order_b]).abs().amax(-1) / a.abs().max()    # in sorted-id order
+        return per_token[order_a.argsort()].tolist()                            # back to text_a's order
 
     full, causal = torch.ones(t, t, dtype=torch.bool), causal_mask(t)
     positions = rope_angles(torch.arange(t), config.d_head, config.theta(0)) if config.position == "rope" else "learned"
+    setups = {"no_mask_no_position": (full, None), "position_only": (full, positions),
+              "causal_mask_only": (causal, None), "mask_and_position": (causal, positions)}
+    gaps = {name: token_gaps(*setup) for name, setup in setups.items()}
     last_a, last_b = trace_a.resid[-1][order_a], trace_b.resid[-1][order_b]
     cos = torch.nn.functional.cosine_similarity(last_a, last_b, dim=-1)
     return {"ids_a": ids_a.tolist(), "ids_b": ids_b.tolist(),
             "same_token_vectors": same_rows(trace_a.tok_emb, trace_b.tok_emb),
-            "gap_no_mask_no_position": gap(full, None),
-            "gap_causal_mask_only": gap(causal, None),
-            "gap_mask_and_position": gap(causal, positions),
+            **{f"gap_{name}": max(g) for name, g in gaps.items()}, "token_gaps": gaps,
             "last_layer_cosine_min": float(cos.min()), "last_layer_cosine_mean": float(cos.mean()),
             "traces": (trace_a, trace_b)}
 

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import (Norm, apply_temperature, causal_mask, gpt2_config, gpt2_tokenizer, greedy, kv_cache_bytes,
-                layer_norm, lm_head, rms_norm, softmax, token_embedding, top_k_filter, top_p_filter)
+from .. import (Norm, apply_rope, apply_temperature, causal_mask, gpt2_config, gpt2_tokenizer, greedy, kv_cache_bytes,
+                layer_norm, lm_head, rms_norm, rope_angles, softmax, token_embedding, top_k_filter, top_p_filter)
 from ..i18n import t
 from .grader import Case, Exercise
 from .. import Block, Config, Linear, Model, Weights, block_forward, forward, norm, rope_angles   # 09: the chain
@@ -113,6 +113,51 @@ def _cosine_diagnose(case: Case, expected, got) -> str | None:
     dot = (a * b).sum(-1)
     return _first_match(got, {t("exercises.cosine.hint.dot"): dot,
                               t("exercises.cosine.hint.one_norm"): dot / a.norm(dim=-1)})
+
+
+def _rope_reference(x: Tensor, positions: Tensor, base: float) -> Tensor:
+    return apply_rope(x, *rope_angles(positions, x.shape[-1], base))
+
+
+def _rope_variant(x: Tensor, positions: Tensor, base: float, *, adjacent: bool = False, sign: float = 1.0,
+                  shift: int = 0, step: int = 2, first_half_only: bool = False) -> Tensor:
+    """RoPE with one classic mistake switched on (the defaults give the right answer).  # [n_head, T, d] -> same"""
+    x, d = x.double(), x.shape[-1]
+    angles = (positions.double() + shift)[:, None] * float(base) ** (-step * torch.arange(d // 2).double() / d)
+    cos, sin = angles.cos(), sign * angles.sin()                                        # [T, d/2]
+    x1, x2 = (x[..., 0::2], x[..., 1::2]) if adjacent else (x[..., :d // 2], x[..., d // 2:])
+    y1, y2 = x1 * cos - x2 * sin, x2 if first_half_only else x1 * sin + x2 * cos
+    out = torch.stack([y1, y2], -1).flatten(-2) if adjacent else torch.cat([y1, y2], -1)
+    return out.float()
+
+
+def _rope_cases() -> list[Case]:
+    rotate, turn = t("exercises.rope.hint.rotate"), t("exercises.rope.hint.turn")
+    return [Case(t("exercises.rope.case.position_0"), (_randn(2, 1, 8, seed=5), torch.tensor([0]), 10000.0),
+                 t("exercises.rope.hint.position_0")),
+            Case(t("exercises.rope.case.one_pair"), (_randn(1, 2, 2, seed=6), torch.arange(2), 10000.0), turn),
+            Case(t("exercises.rope.case.pairs"), (_randn(2, 4, 8, seed=7), torch.arange(4), 10000.0), rotate),
+            Case(t("exercises.rope.case.base"), (_randn(2, 3, 8, seed=8), torch.arange(3), 100000.0),
+                 t("exercises.rope.hint.base")),
+            Case(t("exercises.rope.case.offset"), (_randn(1, 3, 8, seed=9), torch.tensor([5, 6, 7]), 10000.0),
+                 t("exercises.rope.hint.positions")),
+            Case(t("exercises.rope.case.smollm2"), (_randn(9, 5, 64, seed=10), torch.arange(5), 100000.0), rotate)]
+
+
+def _rope_diagnose(case: Case, expected, got) -> str | None:
+    x, positions, base = case.args
+    if _close(got, x):
+        return t("exercises.rope.hint.unrotated")
+    wrong_base = 10000.0 if base != 10000.0 else 100000.0
+    return _first_match(got, {
+        t("exercises.rope.hint.adjacent"): _rope_variant(x, positions, base, adjacent=True),
+        t("exercises.rope.hint.sign"): _rope_variant(x, positions, base, sign=-1.0),
+        t("exercises.rope.hint.from_one"): _rope_variant(x, positions, base, shift=1),
+        t("exercises.rope.hint.exponent"): _rope_variant(x, positions, base, step=1),
+        t("exercises.rope.hint.first_half"): _rope_variant(x, positions, base, first_half_only=True),
+        t("exercises.rope.hint.wrong_base"): _rope_variant(x, positions, wrong_base),
+        t("exercises.rope.hint.arange"): _rope_variant(x, torch.arange(len(positions)), base),
+    })
 
 
 # ---------------------------------------------------------------- 04 layers
@@ -596,6 +641,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
              ("ids", "table"), 5, token_embedding, _embed_cases, _embed_diagnose),
     Exercise("cosine_similarity", "03_embedding", "cosine_similarity(a: [..., d], b: [..., d]) -> [...]",
              ("a", "b"), 10, _cosine_reference, _cosine_cases, _cosine_diagnose),
+    Exercise("apply_rope", "03_embedding",
+             "apply_rope(x: [n_head, T, d_head], positions: [T] int64, base: float) -> [n_head, T, d_head], "
+             "pairs (x_i, x_{i+d/2})",
+             ("x", "positions", "base"), 20, _rope_reference, _rope_cases, _rope_diagnose),
     Exercise("causal_mask", "04_layers", "causal_mask(T: int) -> bool [T, T], True where query i may look at key j",
              ("T",), 5, causal_mask, _mask_cases, _mask_diagnose),
     Exercise("attention", "04_layers", "attention(q, k, v: [n_head, T, d_head]) -> [n_head, T, d_head], causal",

@@ -31,6 +31,14 @@ def cosine_similarity(a: Tensor, b: Tensor) -> Tensor:
     return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
 
 
+def apply_rope(x: Tensor, positions: Tensor, base: float) -> Tensor:
+    d = x.shape[-1]
+    freq = base ** (-torch.arange(0, d, 2).float() / d)               # pair i turns base^(-2i/d) rad per position
+    angle = positions.float()[:, None] * freq                          # [T, d/2]
+    x1, x2 = x[..., :d // 2], x[..., d // 2:]                          # pair i is (x_i, x_{i+d/2}): rotate-half
+    return torch.cat([x1 * angle.cos() - x2 * angle.sin(), x1 * angle.sin() + x2 * angle.cos()], -1)
+
+
 def causal_mask(T: int) -> Tensor:
     return torch.ones(T, T, dtype=torch.bool).tril()    # row i: keys 0..i
 
