@@ -26,7 +26,6 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 STRINGS = ROOT / "llmwalk" / "strings"
 NUMBER = re.compile(r"(?<![\w.])(-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?)(?![\w.]*\d)(\s?%)?")
-GUESS = re.compile(r"^\s*guess\s*=", re.M)
 
 
 def reveal_patterns() -> list[re.Pattern]:
@@ -64,6 +63,15 @@ def answer_of(cell: dict) -> str | None:
     return None
 
 
+def guess_name(code: str) -> str:
+    """The variable a reveal cell passes as the guess: reveal(guess, answer) → "guess"."""
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "reveal" \
+                and node.args and isinstance(node.args[0], ast.Name):
+            return node.args[0].id
+    return "guess"
+
+
 def literals(code: str) -> set[str]:
     """The constants a reveal cell computes its answer from (not reveal's own keyword arguments, not small
     integers that index or round): the words a line must share with a whole-number answer."""
@@ -99,15 +107,16 @@ def spoils(answer: str, line: str, keys: set[str]) -> bool:
         return answer in line
     digits, unit = m.group(1).replace(",", ""), m.group(2)
     value, decimals = float(digits), len(digits.partition(".")[2])
+    significant = len(digits.replace("-", "").replace(".", "").lstrip("0"))
     for (x, d), found in _numbers(line):
         if unit:
             if d >= decimals and round(x, decimals) == value and line[found.end():].lstrip().startswith(unit):
                 return True
-        elif decimals:
+        elif decimals and significant >= 2:             # 0.67: two digits do not recur by chance on one page
             if d >= decimals and round(x, decimals) == value:
                 return True
-        elif d == 0 and x == value and any(k in line for k in keys):
-            return True
+        elif d >= decimals and round(x, decimals) == value and (decimals or d == 0) and any(k in line for k in keys):
+            return True                                 # 10, 0.5: only beside what they count
     return False
 
 
@@ -121,7 +130,9 @@ def spoilers(nb: dict) -> list[str]:
         if answer is None:
             found.append(f"cell {i} calls reveal( but its stored output shows no answer: execute the notebook")
             continue
-        guess = next((j for j in range(i, -1, -1) if cells[j]["cell_type"] == "code" and GUESS.search(source(cells[j]))), i)
+        assigned = re.compile(rf"^\s*{guess_name(source(cell))}\s*=", re.M)
+        guess = next((j for j in range(i, -1, -1) if cells[j]["cell_type"] == "code"
+                      and assigned.search(source(cells[j]))), i)
         question = next((j for j in range(guess, -1, -1) if cells[j]["cell_type"] == "markdown"), guess)
         keys = literals(source(cell))
         for j in range(question):
@@ -180,5 +191,6 @@ def test_matching_follows_the_printed_format():
     assert not spoils("0.67", "cosine 0.68", set()) and not spoils("0.67", "1.67 GFLOPs", set())
     assert spoils("188.7 MB", "the cache: 188.7 MB", set()) and not spoils("188.7 MB", "188.7 ms", set())
     assert spoils("10", "0.9   | 10   | 458", {"0.9"}) and not spoils("10", "top 10 tokens", {"0.9"})
-    assert not spoils("10", "0.9 | 100", {"0.9"})
+    assert not spoils("10", "0.9 | 100", {"0.9"}) and not spoils("10", "0.9 | 10.4", {"0.9"})
+    assert spoils("0.5", "top-p 0.9: 0.52", {"0.9"}) and not spoils("0.5", "cosine 0.52", {"0.9"})
     assert spoils("' Berlin'", "next: ' Berlin' (0.8)", set()) and not spoils("' Berlin'", "Berlin", set())
