@@ -17,14 +17,14 @@ import ast
 import json
 import re
 import subprocess
-import tomllib
 from pathlib import Path
 
 import pytest
 
+from llmwalk import i18n
+
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-STRINGS = ROOT / "llmwalk" / "strings"
 NUMBER = re.compile(r"(?<![\w.])(-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?)(?![\w.]*\d)(\s?%)?")
 
 
@@ -32,8 +32,9 @@ def reveal_patterns() -> list[re.Pattern]:
     """The reveal formats of both languages, each with the answer as a named group."""
     patterns = []
     for lang in ("en", "zh"):
-        texts = tomllib.loads((STRINGS / lang / "exercises.toml").read_text(encoding="utf-8"))["reveal"]
-        for text in texts.values():
+        for key, text in i18n.table(lang).items():
+            if not key.startswith("exercises.reveal."):
+                continue
             rx = re.escape(text).replace(r"\{answer\}", "(?P<answer>.+?)").replace(r"\{guess\}", ".+?")
             patterns.append(re.compile(rx))
     return patterns

@@ -63,15 +63,17 @@ def residual_verdict(steps: dict) -> Verdict:
 
 def knowledge_verdict(everywhere, at_subject) -> Verdict:
     """The point, FFNs call up the fact: with the outputs of the FFNs after layer 0 taken from the other prompt
-    (Germany's) wherever the prompts differ, the model gives that prompt's answer (P(Berlin) > P(Paris)). Layer 0's
-    FFN is left out: swapped alone it flips the answer by itself, as it says which word the token is, not what is
-    known about it. The detail, a look-up at the subject token: those FFNs swapped at that token alone do it too.
+    (Germany's) wherever the prompts differ (the subject token and every token after it), the model gives that
+    prompt's answer (P(Berlin) > P(Paris)). Layer 0's FFN is left out: it says which word the token is, not what is
+    known about it (on SmolLM2, swapped alone, it flips the answer by itself). The detail, a look-up at the subject
+    token: those FFNs swapped at that token alone do it too.
     # probs [P(answer), P(other answer)] each"""
     return Verdict.of(bool(everywhere[1] > everywhere[0]), bool(at_subject[1] > at_subject[0]))
 
 
 def swapped_ffns(model: "Model", ids, other, tokens, layers, positions) -> list[float]:
-    """P(tokens) after `ids` with the FFN outputs of `layers` at `positions` taken from the run on `other`."""
+    """P(tokens) after `ids` with the FFN outputs of `layers` at `positions` taken from the run on `other`.
+    # -> [len(tokens)]"""
     source = forward(model, other)
     hooks = combine(*[patch(source, i, pos, "ffn_out") for i in layers for pos in positions])
     return next_token_probs(model, ids, tokens, hooks).tolist()
