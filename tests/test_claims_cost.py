@@ -155,7 +155,10 @@ def test_int8_row(rows, smollm2, eval_logits):
     # of the quantized tensors themselves
     assert c.fp32_weight_bytes == 4 * lw.count_params(smollm2.weights)
     assert c.weight_bytes == cost.weight_bytes(smollm2.config, "int8", scale_bytes=4)
-    assert rows[6].verdict is Verdict.HOLDS                              # KL ≈ 0.004 nats, 97 % the same top token
+    # KL ≈ 0.004 nats, 97 % the same top token, fewer bytes: the point; the compute (FLOPs) does not fall: ≈
+    assert rows[6].verdict is Verdict.ROUGHLY
+    flops = sum(cost.decode_step_flops(smollm2.config, c8.PROMPT_LEN).values())   # the shapes, in any format
+    assert rows[6].numbers["flops_per_token"] == flops and f"still takes {flops / 1e6:.4g} M FLOPs" in rows[6].measured
 
 
 def test_int4_row_is_judged_on_the_format_the_article_means(rows, smollm2, eval_logits):
@@ -259,13 +262,15 @@ def predicted_passes(draft, plain, k: int) -> int:
         made, passes = made + kept + 1, passes + 1
     return passes
     assert "plain greedy decoding: yes" in claim.measured
-    assert claim.verdict is Verdict.HOLDS
+    # fewer target passes and the same text hold on every machine; "faster" is wall time, not measured there: ≈
+    assert "not measured here" in claim.measured
+    assert claim.verdict is Verdict.ROUGHLY
 
 
 def test_speculative_verdict_follows_the_runs(smollm2):
     spec, plain = c8.speculative_run(smollm2, "no copy", max_new_tokens=8)
     slow = {"repeat": (spec, plain), "no copy": (spec, plain), "int8 draft": (spec, plain)}
     assert analysis.passes_per_token(spec) > 0.5
-    assert c8._speculative_claim(smollm2, slow).verdict is Verdict.ROUGHLY       # same text, no fewer passes
+    assert c8._speculative_claim(smollm2, slow).verdict is Verdict.DIFFERS       # same text, no fewer passes
     wrong = dataclasses.replace(plain, new_ids=plain.new_ids[:-1] + [plain.new_ids[-1] + 1])
     assert c8._speculative_claim(smollm2, {**slow, "repeat": (spec, wrong)}).verdict is Verdict.DIFFERS

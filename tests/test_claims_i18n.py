@@ -79,7 +79,7 @@ def test_the_chinese_article_column_quotes_the_article():
                         "claims.sampling.loop.article": "容易陷入重复循环",
                         "claims.cost.kv.article": "不用每次重新算",
                         "claims.lm_head.why.article": "后面接巴黎的频率远高于其他词"}.items():
-        assert phrase in re.sub(r"[\s，、：；（）]", "", zh[key]) and phrase in text, key
+        assert phrase in re.sub(r"[\s，、：；（）“”]", "", zh[key]) and phrase in text, key
     assert all(CJK.search(v) for k, v in zh.items() if k.endswith(".article"))
 
 
@@ -120,15 +120,16 @@ def test_chinese_rows_carry_the_same_numbers_and_verdicts(zh_rows, en_rows):
 
 def test_chinese_tokenization_rows_show_their_numbers(zh_rows):
     rows = zh_rows["二"]
-    assert rows[0].article == "法国的首都是什么→[1374, 11223, 1585, 3425, 30, 40674]，6 个 Token"
-    assert rows[2].article == "巴黎→[1585]，一个 Token"
+    assert rows[0].article == "“法国的首都是什么”→[1374, 11223, 1585, 3425, 30, 40674]，6 个 Token"
+    assert rows[2].article == "“巴黎”→[1585]，一个 Token"
     n = rows[1].numbers
-    assert rows[1].article == "法国的首都是什么？切成 9 个 Token，标点也占一个"
-    assert rows[1].measured.startswith(f"GPT-2：{n['tokens']} 个 Token，'？' 单独占 {n['question_mark_tokens']} 个")
+    assert rows[1].article == "“法国的首都是什么？”切成 9 个 Token，标点也占一个"
+    assert rows[1].measured.startswith(f"GPT-2：{n['tokens']} 个词块，“？”单独占 {n['question_mark_tokens']} 个")
     for row in (rows[0], rows[2], rows[3], rows[4], rows[5]):
         real = row.numbers["gpt2_ids"]
-        assert row.measured.startswith(f"GPT-2：{real}（{len(real)} 个 Token")
-    assert f"GPT-2：{rows[6].numbers['english']} vs {rows[6].numbers['chinese']}" in rows[6].measured
+        assert row.measured.startswith(f"GPT-2：{real}（{len(real)} 个词块")
+        assert "; " not in row.measured and ": " not in row.measured     # the separators of the Chinese table
+    assert f"GPT-2：{rows[6].numbers['english']} 对 {rows[6].numbers['chinese']}" in rows[6].measured
 
 
 def test_chinese_layer_rows_count_layers_from_0(zh_rows, smollm2):
@@ -136,20 +137,21 @@ def test_chinese_layer_rows_count_layers_from_0(zh_rows, smollm2):
     path, L = row.numbers, smollm2.config.n_layer
     assert f"在第 0 层之后排第 {path['rank'][1]:,}" in row.measured
     assert f"在第 {L // 2} 层之后排第 {path['rank'][L // 2 + 1]:,}" in row.measured
-    assert f"自第 {path['top10_from'] - 1} 层之后起一直在前 10，" in row.measured      # no space inside 自…起
-    assert f"自第 {path['top1_from'] - 1} 层之后起才一直排第一（第 0–{L - 1} 层" in row.measured
+    assert f"从第 {path['top10_from'] - 1} 层之后起一直在前 10，" in row.measured      # no space inside 从…起
+    assert f"从第 {path['top1_from'] - 1} 层之后起才一直排第一（第 0–{L - 1} 层" in row.measured
 
 
 def test_chinese_paris_row_shows_its_probabilities(zh_rows):
-    row = next(c for c in zh_rows["五"] if c.article.startswith("法国的首都是什么 之后"))
+    row = next(c for c in zh_rows["五"] if c.key == "lm_head.paris")
     for w in ("巴黎", "北京"):
         assert f"P({w}) = {row.numbers[w]['p']:.3g}" in row.measured
-    assert row.article == "法国的首都是什么 之后：P(巴) = 0.042，P(北) = 0.018，巴的概率最高"
+    assert row.article == "“法国的首都是什么”之后：P(巴) = 0.042，P(北) = 0.018，“巴”的概率最高"
+    assert "; " not in row.measured                                  # the pieces are joined by the Chinese "；"
 
 
 def test_chinese_cost_rows_show_their_numbers(zh_rows):
     arch, llama = zh_rows["八"]
     assert "GPT-2 small：12 层，d_model 768，12 头；按架构数出 124,439,808 个参数" in arch.measured
-    assert arch.numbers == {"params": 124_439_808} and arch.said == 120e6
+    assert arch.numbers == {"params": 124_439_808, "shape": (12, 768, 12)} and arch.said == 120e6
     assert llama.article == "LLaMA 7B 一次前向是 GPT-2 的 56 倍"
-    assert f"每个 Token 的 FLOPs：{llama.numbers['by_flops']:.4g}×" in llama.measured
+    assert f"每个词块的 FLOPs 是它的 {llama.numbers['by_flops']:.4g} 倍" in llama.measured

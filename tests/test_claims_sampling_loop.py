@@ -151,7 +151,11 @@ def test_greedy_rows(smollm2, runs, sampling_rows):
     start, period = brute_loop(ids, 3)
     c = row(sampling_rows, "Greedy easily")
     assert (c.numbers["loop"].start, c.numbers["loop"].period) == (start, period)
-    assert c.verdict is Verdict.HOLDS
+    # the prompt was built to loop; "easily" is judged on plain prompts, which loop or not by the same search
+    plain = {p: brute_loop(generate(smollm2, p, sm.LOOP_TOKENS, stop_at_eos=False).new_ids, 3) for p in sm.PLAIN_PROMPTS}
+    assert {p: loop and (loop.start, loop.period) for p, loop in c.numbers["plain"].items()} == plain
+    assert c.verdict is (Verdict.HOLDS if any(plain.values()) else Verdict.ROUGHLY)
+    assert sm.LOOP_PROMPT in c.measured and all(p in c.measured for p in sm.PLAIN_PROMPTS)
 
 
 def test_temperature_row(smollm2, sampling_rows):
@@ -265,7 +269,8 @@ def test_loop_rows_follow_the_measurements(smollm2, loop_rows):
 
     en = generate(smollm2, ar.ENGLISH, ar.ROUNDS, chat=True)
     c = row(loop_rows, "The loop ends")
-    assert c.numbers == {"stopped": en.stopped, "last_id": en.new_ids[-1], "round": len(en.new_ids)}
+    assert c.numbers == {"stopped": en.stopped, "last_id": en.new_ids[-1], "round": len(en.new_ids),
+                         "eos_ids": tuple(smollm2.config.eos_token_ids)}
     assert en.stopped == "eos" and c.verdict is Verdict.HOLDS
 
     c = row(loop_rows, "The chosen token")
@@ -274,7 +279,7 @@ def test_loop_rows_follow_the_measurements(smollm2, loop_rows):
     assert c.verdict is Verdict.HOLDS
 
     c = row(loop_rows, "Generating 50")
-    assert c.numbers == {"passes": 50, "full": 50} and c.verdict is Verdict.HOLDS
+    assert c.numbers == {"passes": 50, "full": 50, "new_tokens": 50} and c.verdict is Verdict.HOLDS
 
 
 def test_linear_row(smollm2, loop_rows):

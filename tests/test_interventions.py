@@ -214,7 +214,7 @@ def test_ffn_swap_matches_transformers_with_a_forward_hook(smollm2, hf_smollm2, 
         torch.testing.assert_close(ours, swapped(layers), atol=2e-3, rtol=0)
     row = section4.claims(smollm2)[-1]
     assert row.article.startswith("FFN calls up knowledge")
-    assert row.verdict == section4.knowledge_verdict(row.numbers["all_ffns"], row.numbers["later_ffns"])
+    assert row.verdict == section4.knowledge_verdict(row.numbers["everywhere"], row.numbers["at_subject"])
 
 
 def test_knowledge_verdict_follows_the_numbers():

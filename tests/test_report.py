@@ -1,6 +1,7 @@
 import pytest
 
 import llmwalk as lw
+from llmwalk.i18n import t
 from llmwalk.report import (Claim, Verdict, claims_by_section, claims_table, table,
                             verdict_rules)
 
@@ -11,12 +12,17 @@ def test_table_text_and_html():
     assert "<td style='text-align:left'>0.7725</td>" in t._repr_html_() and "<caption" in t._repr_html_()
 
 
-def test_claims_table_escapes_html_and_shows_the_rules_once_under_the_rows():
-    t = claims_table([Claim("二", "<9 tokens>", "6", Verdict.DIFFERS)])
-    assert "&lt;9 tokens&gt;" in t._repr_html_() and "<tfoot>" in t._repr_html_()
-    assert t.header == ("§", "the article says", "we measured", "verdict")
-    assert t.rows == (("二", "<9 tokens>", "6", "✗ differs"),)
-    assert repr(t).endswith(verdict_rules())
+def test_claims_table_escapes_html_and_links_to_the_rules_printed_once():
+    shown = claims_table([Claim("二", "<9 tokens>", "6", Verdict.DIFFERS)])
+    assert "&lt;9 tokens&gt;" in shown._repr_html_() and "<tfoot>" in shown._repr_html_()
+    assert shown.header == ("§", "the article says", "we measured", "verdict")
+    assert shown.rows == (("二", "<9 tokens>", "6", "✗ differs"),)
+    # the rules are printed once, under the first table a learner meets (section 一's, notebook 01); the others link
+    assert repr(shown).endswith(t("report.rules_elsewhere", notebook="01_one_second.ipynb"))
+    assert "<a href='01_one_second.ipynb'>" in shown._repr_html_() and verdict_rules() not in repr(shown)
+    first = claims_table([Claim("一", "a second", "2 s", Verdict.DIFFERS)])
+    assert repr(first).endswith(verdict_rules()) and first.link == ""
+    assert claims_table([Claim("二", "a", "1", Verdict.HOLDS)], rules=False).note == ""
 
 
 def test_table_pads_chinese_by_display_width():
@@ -41,9 +47,22 @@ def test_verdict_of_a_number_by_its_ratio(measured, said, expected):
     assert Verdict.of_number(measured, said) is expected
 
 
-def test_verdict_of_a_number_refuses_what_has_no_ratio():
-    with pytest.raises(ValueError, match="positive"):
-        Verdict.of_number(0, 0.042)
+def test_verdict_of_a_number_measured_as_zero_is_off_by_more_than_any_factor():
+    assert Verdict.of_number(0, 0.042) is Verdict.DIFFERS
+    for measured, said in ((-1, 0.042), (1, 0), (1, -2)):
+        with pytest.raises(ValueError, match="positive"):
+            Verdict.of_number(measured, said)
+
+
+@pytest.mark.parametrize("point, details, numbers, expected", [
+    (True, True, [(0.042, 0.042), (0.017, 0.018)], Verdict.HOLDS),
+    (True, False, [(0.042, 0.042)], Verdict.ROUGHLY),                  # a detail does not hold
+    (True, True, [(0.06, 0.042)], Verdict.ROUGHLY),                    # a number within ×2, not within 10 %
+    (True, True, [(0.778, 0.042), (0.0002, 0.018)], Verdict.DIFFERS),  # 05's rows: ×18 and ×90 off
+    (True, False, [(0.042, 0.042), (0.001, 0.018)], Verdict.DIFFERS),  # one number beyond ×2 is enough
+    (False, True, [(0.042, 0.042)], Verdict.DIFFERS)])
+def test_verdict_of_a_point_its_details_and_its_numbers(point, details, numbers, expected):
+    assert Verdict.of(point, details, numbers=numbers) is expected
 
 
 def test_verdicts_print_as_their_symbols_and_a_claim_takes_only_a_verdict():
@@ -59,7 +78,7 @@ def test_claims_by_section_one_table_per_section_linking_its_notebook():
     assert [len(t.rows) for t in shown.tables] == [2, 1]
     assert shown.links == ("02_tokenization.ipynb", "03_embedding.ipynb")
     assert "href='02_tokenization.ipynb'" in shown._repr_html_()
-    assert [bool(t.note) for t in shown.tables] == [False, True]     # the rules once, under the last table
+    assert [t.note for t in shown.tables] == [verdict_rules(), ""]    # the rules once, under the first table
 
 
 @pytest.fixture
@@ -74,8 +93,10 @@ def test_in_chinese_the_labels_change_and_the_verdicts_do_not(chinese):
     assert [c.verdict for c in rows] == [Verdict.HOLDS, Verdict.ROUGHLY]          # the same members as in English
     assert [str(v) for v in Verdict] == ["✓ 成立", "≈ 大致成立", "✗ 不符", "— 此处无法检验"]
     shown = claims_table(rows)
-    assert shown.header == ("§", "文章说", "我们测得", "判定") and shown.title == "文章说 / 我们测得"
+    assert shown.header == ("§", "文章说的", "我们测到的", "判定") and shown.title == "文章说的 / 我们测到的"
     assert [r[-1] for r in shown.rows] == ["✓ 成立", "≈ 大致成立"]
-    assert shown.note.startswith("判定 — ✓ 成立") and "10%" in shown.note and "×2" in shown.note
+    assert shown.note == "判定遵循笔记本 01_one_second.ipynb 论断表下面打印的那一套规则。"
+    rules = verdict_rules()
+    assert rules.startswith("判定规则") and "✓ 成立：" in rules and "10%" in rules and "2 倍" in rules
     assert [t.title for t in claims_by_section(rows).tables] == [
         "第二节：1 条论断 — 笔记本 02_tokenization.ipynb", "第三节：1 条论断 — 笔记本 03_embedding.ipynb"]

@@ -12,6 +12,7 @@ from .. import cost
 from ..analysis import Pass, first_rounds, recorded_passes
 from ..generation import Generation, decoding_head, generate
 from ..i18n import t
+from . import listed, named, yes
 from ..kv_cache import KVCache
 from ..report import Claim, Verdict
 
@@ -32,22 +33,21 @@ def answer_text(g: Generation) -> str:
     return g.text.replace("\n", "↵") + (" [EOS]" if g.stopped == "eos" else "")
 
 
-def _yes(x: bool) -> str:
-    return t("claims.common.yes") if x else t("claims.common.no")
+def round_pieces(g: Generation) -> tuple[str, ...]:
+    """The token of each round, [EOS] for an end token that stopped the loop."""
+    return tuple("[EOS]" if k == len(g.steps) - 1 and g.stopped == "eos" else s.token for k, s in enumerate(g.steps))
 
 
 def rounds_verdict(g: Generation) -> Verdict:
     """The point: 巴黎 comes out of the rounds; the detail: in the article's rounds exactly, 巴, 黎, 。, [EOS]."""
-    pieces = tuple("[EOS]" if k == len(g.steps) - 1 and g.stopped == "eos" else s.token
-                   for k, s in enumerate(g.steps))
-    return Verdict.of("巴黎" in g.text or pieces[:len(ARTICLE_ROUNDS)] == ARTICLE_ROUNDS,
-                      pieces[:len(ARTICLE_ROUNDS)] == ARTICLE_ROUNDS)
+    first = round_pieces(g)[:len(ARTICLE_ROUNDS)]
+    return Verdict.of("巴黎" in g.text or first == ARTICLE_ROUNDS, first == ARTICLE_ROUNDS)
 
 
 def _rounds_claim(model: "Model", gemma: "Model | None", smol_zh: Generation) -> Claim:
     if gemma is not None:
         g = generate(gemma, GEMMA_PROMPT, ROUNDS, head=decoding_head(gemma))
-        who = f"Gemma-3-270M, {GEMMA_PROMPT!r}"
+        who = named("Gemma-3-270M", repr(GEMMA_PROMPT))
     else:
         g = smol_zh
         who = t("claims.autoregressive.rounds.chat_who", model=model.config.name, question=QUESTION)
@@ -56,7 +56,8 @@ def _rounds_claim(model: "Model", gemma: "Model | None", smol_zh: Generation) ->
              if hit else t("claims.autoregressive.rounds.miss"))
     return Claim(SECTION, t("claims.autoregressive.rounds.article"),
                  t("claims.autoregressive.rounds.measured", who=who, n=len(g.steps), text=answer_text(g), where=where),
-                 rounds_verdict(g), numbers={"rounds": len(g.steps), "text": g.text, "round_ba": hit and hit.index})
+                 rounds_verdict(g), numbers={"rounds": len(g.steps), "text": g.text, "pieces": round_pieces(g),
+                                             "round_ba": hit and hit.index}, key="autoregressive.rounds")
 
 
 def _eos_claim(model: "Model", english: Generation, smol_zh: Generation) -> Claim:
@@ -69,7 +70,8 @@ def _eos_claim(model: "Model", english: Generation, smol_zh: Generation) -> Clai
                    chinese=t("claims.autoregressive.eos.end") if smol_zh.stopped == "eos"
                    else t("claims.autoregressive.eos.no_end")),
                  Verdict.of(eos and last.token_id in model.config.eos_token_ids),
-                 numbers={"stopped": english.stopped, "last_id": last.token_id, "round": last.index})
+                 numbers={"stopped": english.stopped, "last_id": last.token_id, "round": last.index,
+                          "eos_ids": tuple(model.config.eos_token_ids)}, key="autoregressive.eos")
 
 
 def _append_claim(model: "Model", english: Generation, passes: Sequence[Pass],
@@ -78,11 +80,11 @@ def _append_claim(model: "Model", english: Generation, passes: Sequence[Pass],
     full = all(p.layers == model.config.n_layer for p in list(passes) + list(cached))
     lens = [len(p.ids) for p in passes]
     return Claim(SECTION, t("claims.autoregressive.append.article"),
-                 t("claims.autoregressive.append.measured", appended=_yes(appended), n_layer=model.config.n_layer,
-                   full=_yes(full), lengths=", ".join(map(str, lens[:4])),
-                   cached=", ".join(str(len(p.ids)) for p in cached[:4])),
+                 t("claims.autoregressive.append.measured", appended=yes(appended), n_layer=model.config.n_layer,
+                   full=yes(full), lengths=listed(lens[:4]), cached=listed(len(p.ids) for p in cached[:4])),
                  Verdict.of(appended and full and len(passes) == len(english.steps)),
-                 numbers={"appended": appended, "full_stack": full, "lengths": lens})
+                 numbers={"appended": appended, "full_stack": full, "lengths": lens, "rounds": len(english.steps)},
+                 key="autoregressive.append")
 
 
 def _passes_claim(model: "Model", passes: Sequence[Pass]) -> Claim:
@@ -90,7 +92,8 @@ def _passes_claim(model: "Model", passes: Sequence[Pass]) -> Claim:
     return Claim(SECTION, t("claims.autoregressive.passes.article", n=N),
                  t("claims.autoregressive.passes.measured", calls=len(passes), n=N, full=full,
                    n_layer=model.config.n_layer),
-                 Verdict.of(len(passes) == N and full == N), numbers={"passes": len(passes), "full": full})
+                 Verdict.of(len(passes) == N and full == N), numbers={"passes": len(passes), "full": full, "new_tokens": N},
+                 key="autoregressive.passes")
 
 
 def _linear_claim(model: "Model", prompt_ids: Sequence[int], new_ids: Sequence[int]) -> Claim:
@@ -115,8 +118,9 @@ def _linear_claim(model: "Model", prompt_ids: Sequence[int], new_ids: Sequence[i
                    rerun_last=g(rerun[-1]), rerun_growth=f"{grow_rerun:.3g}", rerun_total=g(sum(rerun)),
                    rerun_shape=shape(flat_rerun), cached_prompt=g(cached[0]), cached_round=g(cached[1]),
                    cached_growth=f"{grow_cached:.3g}", cached_total=g(sum(cached)), cached_shape=shape(flat_cached),
-                   agrees=_yes(counted == formula)), verdict,
-                 numbers={"rerun": rerun, "cached": cached, "counted": counted, "formula": formula})
+                   agrees=yes(counted == formula)), verdict,
+                 numbers={"rerun": rerun, "cached": cached, "counted": counted, "formula": formula},
+                 key="autoregressive.linear")
 
 
 def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:

@@ -12,6 +12,7 @@ import torch
 from ..analysis import neighbour_rank, neighbours, order_check, rope_relative_check
 from ..cost import gpt2_small
 from ..i18n import t
+from . import listed, named, yes
 from ..report import Claim, Verdict
 
 if TYPE_CHECKING:
@@ -28,13 +29,8 @@ def below(x: float, tol: float) -> str:
     return f"< {tol:g}" if abs(x) < tol else f"{x:.3g}"
 
 
-def _yes(x: bool) -> str:
-    return t("claims.common.yes") if x else t("claims.common.no")
-
-
 def _names(models) -> str:
-    return "; ".join(f"{m.config.name}: [{m.weights.token_embd.shape[0]}, {m.weights.token_embd.shape[1]}]"
-                     for m in models)
+    return t("claims.common.sep").join(named(m.config.name, list(m.weights.token_embd.shape)) for m in models)
 
 
 def claims(model: "Model", others: Sequence["Model"] = ()) -> list[Claim]:
@@ -46,26 +42,27 @@ def claims(model: "Model", others: Sequence["Model"] = ()) -> list[Claim]:
                       t("claims.embedding.width.measured", d_model=gpt2.d_model, vocab=gpt2.vocab_size, source=source,
                         tables=_names([model, *others]),
                         dtype=str(model.weights.token_embd.dtype).removeprefix("torch.")),
-                      Verdict.of(gpt2.d_model == 768), numbers={"d_model": gpt2.d_model}, said=768))
+                      Verdict.of(gpt2.d_model == 768), numbers={"d_model": gpt2.d_model}, said=768,
+                      key="embedding.width"))
 
     ranks = {(a, b): neighbour_rank(model, a, b) for a, b in RELATED}
     near = neighbours(model, RELATED[0][0], 3)
     vocab = model.weights.token_embd.shape[0]
-    sep = t("claims.common.list_sep")
     rows.append(Claim(SECTION, t("claims.embedding.learned.article"),
                       t("claims.embedding.learned.measured", model=model.config.name,
-                        ranks=sep.join(t("claims.embedding.learned.rank", a=repr(a), b=repr(b), rank=r)
-                                       for (a, b), r in ranks.items()),
+                        ranks=listed(t("claims.embedding.learned.rank", a=repr(a), b=repr(b), rank=r)
+                                     for (a, b), r in ranks.items()),
                         vocab=vocab, random=vocab // 2, word=repr(RELATED[0][0]),
-                        near=sep.join(repr(p) for p, _ in near)),
-                      Verdict.of(max(ranks.values()) <= NEAR), numbers={"ranks": ranks}))
+                        near=listed(repr(p) for p, _ in near)),
+                      Verdict.of(max(ranks.values()) <= NEAR), numbers={"ranks": ranks}, key="embedding.learned"))
 
     o = order_check(model, *ORDER_PAIR)
     pieces = model.tokenizer.pieces(o["ids_a"])
     rows.append(Claim(SECTION, t("claims.embedding.no_position.article"),
                       t("claims.embedding.no_position.measured", model=model.config.name, n=len(pieces),
-                        same=_yes(o["same_token_vectors"])),
-                      Verdict.of(o["same_token_vectors"]), numbers={"same_token_vectors": o["same_token_vectors"]}))
+                        same=yes(o["same_token_vectors"])),
+                      Verdict.of(o["same_token_vectors"]), numbers={"same_token_vectors": o["same_token_vectors"]},
+                      key="embedding.no_position"))
 
     equivariant = o["gap_no_mask_no_position"] < 1e-5
     mask_tells = o["gap_causal_mask_only"] > 1e-3
@@ -75,22 +72,25 @@ def claims(model: "Model", others: Sequence["Model"] = ()) -> list[Claim]:
                       # the point: without positions attention cannot tell the orders apart; a detail the article
                       # misses: the causal mask alone already tells them apart
                       Verdict.of(equivariant, not mask_tells),
-                      numbers={k: o[k] for k in ("gap_no_mask_no_position", "gap_causal_mask_only")}))
+                      numbers={k: o[k] for k in ("gap_no_mask_no_position", "gap_causal_mask_only")},
+                      key="embedding.same_data"))
 
     trace = o["traces"][0]
     if model.config.position == "learned":
         added = trace.pos_emb is not None and torch.allclose(trace.x0, trace.tok_emb + trace.pos_emb)
-        how = t("claims.embedding.position.learned", added=_yes(added), shape=list(model.weights.position_embd.shape))
-        point, detail = added, True
+        how = t("claims.embedding.position.learned", added=yes(added), shape=list(model.weights.position_embd.shape))
+        rotated = False
     else:
         rope = rope_relative_check(model.config.d_head, model.config.rope_theta)
         how = t("claims.embedding.position.rope", context=gpt2.context_length, d_model=gpt2.d_model,
-                model=model.config.name, plain=_yes(torch.equal(trace.x0, trace.tok_emb)),
+                model=model.config.name, plain=yes(torch.equal(trace.x0, trace.tok_emb)),
                 score=f"{rope['scores'][0]:.4g}", spread=below(rope["spread"], 1e-3))
-        point, detail = True, False         # position does reach the model, but by rotation, not by addition
+        # position does reach the model, but by rotation (scores depend on the offset only), not by addition
+        added, rotated = False, rope["spread"] < 1e-3
+    # the point: position reaches the model and tells the orders apart; the detail: by adding a position vector
     rows.append(Claim(SECTION, t("claims.embedding.position.article"),
                       t("claims.embedding.position.measured", how=how, cosine=f"{o['last_layer_cosine_min']:.3f}"),
-                      Verdict.of(point and o["last_layer_cosine_min"] < 0.99, detail),
-                      numbers={"position_added": point and detail,
-                               "last_layer_cosine_min": o["last_layer_cosine_min"]}))
+                      Verdict.of((added or rotated) and o["last_layer_cosine_min"] < 0.99, added),
+                      numbers={"position_added": added, "position_rotated": rotated,
+                               "last_layer_cosine_min": o["last_layer_cosine_min"]}, key="embedding.position"))
     return rows

@@ -11,7 +11,8 @@ from ..analysis import (article_layers_gap, block_shapes, closest_layers, future
                         residual_steps)
 from ..cost import gpt2_small
 from ..i18n import t
-from ..interventions import swap_ffn_outputs
+from . import yes
+from ..interventions import combine, next_token_probs, patch, subject_position
 from ..report import Claim, Verdict
 from ..walk import Trace, forward
 from ..weights import tensors
@@ -48,9 +49,10 @@ def refinement_verdict(path: dict, n_layer: int) -> Verdict:
     return Verdict.of(path["rank"][-1] == 1, path["top10_from"] is not None and path["top10_from"] <= n_layer // 2)
 
 
-def norm_verdict(spread: dict) -> Verdict:
-    """The point: the norm shrinks the across-layer spread of vector sizes at least tenfold."""
-    return Verdict.of(spread["after_ratio"] * 10 < spread["before_ratio"])
+def norm_verdict(spread: dict, config) -> Verdict:
+    """The point: the norm shrinks the across-layer spread of vector sizes at least tenfold; the detail: the norm
+    is a LayerNorm (as in row 1: an RMSNorm rescales without centring)."""
+    return Verdict.of(spread["after_ratio"] * 10 < spread["before_ratio"], config.norm == "layernorm")
 
 
 def residual_verdict(steps: dict) -> Verdict:
@@ -59,20 +61,27 @@ def residual_verdict(steps: dict) -> Verdict:
     return Verdict.of(steps["median_cos"] >= SMALL_STEP, steps["x0_vs_last"] > 0.5)
 
 
-def knowledge_verdict(all_ffns, later_ffns) -> Verdict:
-    """The point: swapping in the FFN outputs another prompt's subject got (Germany's) makes the model answer that
-    prompt's answer (P(Berlin) > P(Paris)); the detail, FFNs "call up" the fact: the FFNs after layer 0 do it too
-    (layer 0's FFN reads little more than the token itself).  # probs [P(answer), P(other answer)] each"""
-    return Verdict.of(bool(all_ffns[1] > all_ffns[0]), bool(later_ffns[1] > later_ffns[0]))
+def knowledge_verdict(everywhere, at_subject) -> Verdict:
+    """The point, FFNs call up the fact: with the outputs of the FFNs after layer 0 taken from the other prompt
+    (Germany's) wherever the prompts differ (the subject token and every token after it), the model gives that
+    prompt's answer (P(Berlin) > P(Paris)). Layer 0's FFN is left out: it says which word the token is, not what is
+    known about it (on SmolLM2, swapped alone, it flips the answer by itself). The detail, a look-up at the subject
+    token: those FFNs swapped at that token alone do it too.
+    # probs [P(answer), P(other answer)] each"""
+    return Verdict.of(bool(everywhere[1] > everywhere[0]), bool(at_subject[1] > at_subject[0]))
+
+
+def swapped_ffns(model: "Model", ids, other, tokens, layers, positions) -> list[float]:
+    """P(tokens) after `ids` with the FFN outputs of `layers` at `positions` taken from the run on `other`.
+    # -> [len(tokens)]"""
+    source = forward(model, other)
+    hooks = combine(*[patch(source, i, pos, "ffn_out") for i in layers for pos in positions])
+    return next_token_probs(model, ids, tokens, hooks).tolist()
 
 
 def _bound(x: float) -> str:
     """A difference that is float round-off, written so that it reads the same on every machine."""
     return "0" if x == 0 else (f"< {SAME:.0e}" if x < SAME else f"{x:.3g}")
-
-
-def _yes(x: bool) -> str:
-    return t("claims.common.yes") if x else t("claims.common.no")
 
 
 def lens_point(index: int | None) -> str:
@@ -93,23 +102,25 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
     extra = t("claims.layers.structure.sandwich") if config.sandwich_norm else ""
     rows.append(Claim(SECTION, t("claims.layers.structure.article"),
                       t("claims.layers.structure.measured", model=config.name, n_layer=L, gap=_bound(gap),
-                        norm=norm_name, extra=extra), structure_verdict(gap, config), numbers={"max_gap": gap}))
+                        norm=norm_name, extra=extra), structure_verdict(gap, config),
+                      numbers={"max_gap": gap, "norm": config.norm, "sandwich_norm": config.sandwich_norm},
+                      key="layers.structure"))
 
     shapes = {block_shapes(b) for b in model.weights.blocks}
     i, j, rel = closest_layers(model)
     per_layer = sum(w.numel() for _, w in tensors(model.weights.blocks[0]))
     rows.append(Claim(SECTION, t("claims.layers.sharing.article"),
-                      t("claims.layers.sharing.measured", n_layer=L, same=_yes(len(shapes) == 1),
+                      t("claims.layers.sharing.measured", n_layer=L, same=yes(len(shapes) == 1),
                         per_layer=f"{per_layer:,}", i=i, j=j, rel=f"{rel:.3g}"),
                       sharing_verdict(len(shapes), rel),
-                      numbers={"shapes": len(shapes), "closest": (i, j, rel)}))
+                      numbers={"shapes": len(shapes), "closest": (i, j, rel)}, key="layers.sharing"))
 
     future, moved = future_check(model, trace)
     rows.append(Claim(SECTION, t("claims.layers.mask.article"),
                       t("claims.layers.mask.measured", n_layer=L, n_head=config.n_head, future=_bound(future),
                         moved=_bound(moved)),
                       mask_verdict(future, moved),
-                      numbers={"future_weight": future, "moved": moved}))
+                      numbers={"future_weight": future, "moved": moved}, key="layers.mask"))
 
     gpt2 = gpt2_small(model)
     source = t("claims.common.by_measurement") if gpt2 is config else t("claims.common.published")
@@ -121,7 +132,7 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
                         model=config.name, up0=up[0], up1=up[1], shape=list(up),
                         gated=t("claims.layers.ffn.gated", ffn=config.ffn) if gated else ""),
                       Verdict.of((gpt2.d_model, gpt2.d_ff) == (768, 3072)),
-                      numbers={"d_model": gpt2.d_model, "d_ff": gpt2.d_ff}))
+                      numbers={"d_model": gpt2.d_model, "d_ff": gpt2.d_ff}, key="layers.ffn"))
 
     token = model.tokenizer.token_id(answer)
     path = lens_path(model, trace, token)
@@ -131,32 +142,36 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
                       t("claims.layers.refinement.measured", prompt=repr(prompt), answer=repr(answer),
                         rank_first=f"{r[1]:,}", rank_mid=f"{r[mid + 1]:,}", mid=mid,
                         top10=lens_point(path["top10_from"]), top1=lens_point(path["top1_from"]), last=L - 1,
-                        p=f"{p[-1]:.2f}"), refinement_verdict(path, L), numbers=path))
+                        p=f"{p[-1]:.2f}"), refinement_verdict(path, L), numbers=path, key="layers.refinement"))
 
     s = norm_spread(trace)
     rows.append(Claim(SECTION, t("claims.layers.norm.article"),
                       t("claims.layers.norm.measured", before_min=f"{s['before'][0]:.3g}",
                         before_max=f"{s['before'][1]:.3g}", before_ratio=f"{s['before_ratio']:.0f}",
                         after_min=f"{s['after'][0]:.3g}", after_max=f"{s['after'][1]:.3g}",
-                        after_ratio=f"{s['after_ratio']:.1f}"),
-                      norm_verdict(s), numbers=s))
+                        after_ratio=f"{s['after_ratio']:.1f}", norm=norm_name),
+                      norm_verdict(s, config), numbers={**s, "norm": config.norm}, key="layers.norm"))
 
     st = residual_steps(trace)
     rows.append(Claim(SECTION, t("claims.layers.residual.article"),
                       t("claims.layers.residual.measured", cosine=f"{st['median_cos']:.3f}",
                         growth=f"{st['layer0_growth']:.0f}", x0_vs_last=f"{st['x0_vs_last']:.3f}"),
-                      residual_verdict(st), numbers=st))
+                      residual_verdict(st), numbers=st, key="layers.residual"))
 
     ids, other = model.tokenizer.encode(prompt), model.tokenizer.encode(OTHER)
     tokens = [token, model.tokenizer.token_id(OTHER_ANSWER)]
-    swap_all = swap_ffn_outputs(model, ids, other, tokens, range(L)).tolist()
-    swap_later = swap_ffn_outputs(model, ids, other, tokens, range(1, L)).tolist()
+    subject = subject_position(ids, other)           # before it the two runs are the same: nothing to swap there
+    swap = lambda layers, positions: swapped_ffns(model, ids, other, tokens, layers, positions)   # noqa: E731
+    layer0, at_subject = swap([0], [subject]), swap(range(1, L), [subject])
+    everywhere = swap(range(1, L), range(subject, len(ids)))
+    two = lambda p: t("claims.layers.knowledge.pair", answer=f"{p[0]:.2f}", other=f"{p[1]:.2f}")   # noqa: E731
+    plain = [float(trace.probs[-1, token]), float(trace.probs[-1, tokens[1]])]
     rows.append(Claim(SECTION, t("claims.layers.knowledge.article"),
-                      t("claims.layers.knowledge.measured", prompt=repr(prompt), other=repr(OTHER), n_layer=L,
-                        answer=repr(answer), other_answer=repr(OTHER_ANSWER), p_answer=f"{swap_all[0]:.2f}",
-                        p_other=f"{swap_all[1]:.2f}", last=L - 1, later_answer=f"{swap_later[0]:.2f}",
-                        later_other=f"{swap_later[1]:.2f}", plain_answer=f"{float(trace.probs[-1, token]):.2f}",
-                        plain_other=f"{float(trace.probs[-1, tokens[1]]):.3f}"),
-                      knowledge_verdict(swap_all, swap_later),
-                      numbers={"all_ffns": swap_all, "later_ffns": swap_later}))
+                      t("claims.layers.knowledge.measured", prompt=repr(prompt), other=repr(OTHER), last=L - 1,
+                        answer=repr(answer), other_answer=repr(OTHER_ANSWER), everywhere=two(everywhere),
+                        at_subject=two(at_subject), layer0=two(layer0),
+                        plain=t("claims.layers.knowledge.pair", answer=f"{plain[0]:.2f}", other=f"{plain[1]:.3f}")),
+                      knowledge_verdict(everywhere, at_subject),
+                      numbers={"everywhere": everywhere, "at_subject": at_subject, "layer0": layer0, "plain": plain},
+                      key="layers.knowledge"))
     return rows

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from torch import Tensor
 
-from ..analysis import Run, entropy, find_loop, kept, next_token_logits, study_summary, temperature_study
+from ..analysis import Loop, Run, entropy, find_loop, kept, next_token_logits, study_summary, temperature_study
 from ..generation import decoding_head, generate
 from ..i18n import t
+from . import listed, yes
 from ..report import Claim, Verdict
 from ..sampling import apply_temperature, probs_after
 
@@ -23,7 +24,8 @@ SECTION = "六"
 QUESTION = "法国的首都是什么"                  # the article's question, sent through the chat template
 NARROW = "The capital of France is"           # one answer dominates
 WIDE = "My favourite food is"                 # many answers are fine
-LOOP_PROMPT = "I like cats. I like dogs. I like"
+LOOP_PROMPT = "I like cats. I like dogs. I like"   # repetitive, base-model style: built to loop
+PLAIN_PROMPTS = (NARROW, WIDE)                    # plain prompts: does greedy loop "easily", without the help?
 LOOP_TOKENS = 32
 CHAT_PROMPT = "Write one sentence about the sea."
 TEMPERATURES = (0.0, 0.2, 0.7, 1.0, 1.5)      # 0 is greedy
@@ -51,26 +53,34 @@ def _f(x: float) -> str:
     return f"{x:.3g}"
 
 
-def _yes(x: bool) -> str:
-    return t("claims.common.yes") if x else t("claims.common.no")
+def greedy_loop(model: "Model", prompt: str) -> tuple[Loop | None, str]:
+    """The loop greedy decoding falls into after `prompt` within LOOP_TOKENS tokens (None if none), and its text."""
+    g = generate(model, prompt, LOOP_TOKENS, stop_at_eos=False, head=decoding_head(model))
+    loop = find_loop(g.new_ids)
+    return loop, "".join(model.tokenizer.pieces(list(loop.ids))) if loop else ""
 
 
 def _greedy_claims(model: "Model", runs: Sequence[Run]) -> list[Claim]:
     greedy = [r for r in runs if r.temperature == 0]
     same = len(greedy) > 1 and len({r.new_ids for r in greedy}) == 1
-    g = generate(model, LOOP_PROMPT, LOOP_TOKENS, stop_at_eos=False, head=decoding_head(model))
-    loop = find_loop(g.new_ids)
-    pieces = "".join(model.tokenizer.pieces(list(loop.ids))) if loop else ""
+    loop, pieces = greedy_loop(model, LOOP_PROMPT)
+    plain = {p: greedy_loop(model, p)[0] for p in PLAIN_PROMPTS}
+    built = (t("claims.sampling.loop.measured", prompt=LOOP_PROMPT, n=LOOP_TOKENS, start=loop.start + 1,
+               period=loop.period, pieces=repr(pieces), repeats=f"{loop.repeats:.3g}") if loop
+             else t("claims.sampling.loop.none", prompt=LOOP_PROMPT, n=LOOP_TOKENS))
+    looped = [p for p, found in plain.items() if found]
     return [
         Claim(SECTION, t("claims.sampling.greedy.article"),
-              t("claims.sampling.greedy.measured", prompt=CHAT_PROMPT, seeds=", ".join(str(r.seed) for r in greedy),
+              t("claims.sampling.greedy.measured", prompt=CHAT_PROMPT, seeds=listed(r.seed for r in greedy),
                 outcome=t("claims.sampling.greedy.identical") if same else t("claims.sampling.greedy.different")),
-              Verdict.of(same), numbers={"identical": same}),
+              Verdict.of(same), numbers={"identical": same}, key="sampling.greedy"),
+        # the point: greedy falls into a loop it never leaves (on the prompt built for it); the detail, "easily":
+        # plain prompts loop too
         Claim(SECTION, t("claims.sampling.loop.article"),
-              t("claims.sampling.loop.measured", prompt=LOOP_PROMPT, n=LOOP_TOKENS, start=loop.start + 1,
-                period=loop.period, pieces=repr(pieces), repeats=f"{loop.repeats:.3g}") if loop
-              else t("claims.sampling.loop.none", prompt=LOOP_PROMPT, n=LOOP_TOKENS),
-              Verdict.of(loop is not None), numbers={"loop": loop}),
+              t("claims.sampling.loop.plain", built=built, n=LOOP_TOKENS, prompts=listed(repr(p) for p in plain),
+                looped=listed(repr(p) for p in looped) if looped else t("claims.sampling.loop.none_plain")),
+              Verdict.of(loop is not None, bool(looped)), numbers={"loop": loop, "plain": plain},
+              key="sampling.loop"),
     ]
 
 
@@ -86,17 +96,18 @@ def _temperature_claims(narrow: Tensor, runs: Sequence[Run]) -> list[Claim]:
     return [
         Claim(SECTION, t("claims.sampling.temperature.article"),
               t("claims.sampling.temperature.measured", prompt=NARROW,
-                entropies=", ".join(f"{_f(x)} (T = {temp:g})" for x, temp in zip(h, ts)), plain=_yes(plain)),
-              Verdict.of(ok), numbers={"entropy": dict(zip(ts, h)), "plain": plain}),
+                entropies=listed(t("claims.sampling.temperature.entropy", h=_f(x), t=f"{temp:g}") for x, temp in zip(h, ts)),
+                plain=yes(plain)),
+              Verdict.of(ok), numbers={"entropy": dict(zip(ts, h)), "plain": plain}, key="sampling.temperature"),
         Claim(SECTION, t("claims.sampling.chat_range.article"),
               t("claims.sampling.chat_range.measured", n=len(runs) // len(s), prompt=CHAT_PROMPT,
-                distinct=", ".join(_f(v["distinct_2"]) for v in s.values()),
-                logprob=", ".join(f"{v['mean_logprob']:.2f}" for v in s.values()),   # 2 decimals: the same on every CPU
-                temperatures=", ".join(f"{temp:g}" for temp in s),
+                distinct=listed(_f(v["distinct_2"]) for v in s.values()),
+                logprob=listed(f"{v['mean_logprob']:.2f}" for v in s.values()),   # 2 decimals: the same on every CPU
+                temperatures=listed(f"{temp:g}" for temp in s),
                 trend=t("claims.sampling.chat_range.trade_off") if more_variety and less_natural
                 else t("claims.sampling.chat_range.no_trade_off")),
               # the point: variety rises and naturalness falls with T; the detail, the sweet spot 0.7–1.0, is a choice
-              Verdict.of(more_variety and less_natural, False), numbers={"summary": s}),
+              Verdict.of(more_variety and less_natural, False), numbers={"summary": s}, key="sampling.chat_range"),
     ]
 
 
@@ -108,13 +119,15 @@ def _cut_claims(narrow: Tensor, wide: Tensor) -> list[Claim]:
     minimal = all(_minimal_nucleus(x, TOP_P) for x in (narrow, wide))
     return [
         Claim(SECTION, t("claims.sampling.top_k.article"),
-              t("claims.sampling.top_k.measured", k=TOP_K, kept=len(k_kept), exact=_yes(k_kept == k_ids),
+              t("claims.sampling.top_k.measured", k=TOP_K, kept=len(k_kept), exact=yes(k_kept == k_ids),
                 tail_narrow=_f(tail[0]), narrow=NARROW, tail_wide=_f(tail[1]), wide=WIDE),
-              Verdict.of(k_kept == k_ids), numbers={"kept": len(k_kept), "tail": tail}),
+              Verdict.of(k_kept == k_ids), numbers={"kept": len(k_kept), "exact": k_kept == k_ids, "tail": tail},
+              key="sampling.top_k"),
         Claim(SECTION, t("claims.sampling.top_p.article"),
               t("claims.sampling.top_p.measured", p=TOP_P, kept_narrow=sizes[0], narrow=NARROW, kept_wide=sizes[1],
-                wide=WIDE, minimal=_yes(minimal)),
-              Verdict.of(minimal and sizes[0] < sizes[1]), numbers={"kept": sizes, "minimal": minimal}),
+                wide=WIDE, minimal=yes(minimal)),
+              Verdict.of(minimal and sizes[0] < sizes[1]), numbers={"kept": sizes, "minimal": minimal},
+              key="sampling.top_p"),
     ]
 
 
@@ -134,7 +147,7 @@ def _default_claim() -> Claim:
     return Claim(SECTION, t("claims.sampling.defaults.article"), t("claims.sampling.defaults.measured", **d),
                  # GPT's own defaults are not measurable offline; a library's default that samples with top-p
                  # supports the point, not the detail (which defaults "GPT models" use)
-                 Verdict.of(True, False) if top_p_default else Verdict.UNCHECKABLE, numbers=d)
+                 Verdict.of(True, False) if top_p_default else Verdict.UNCHECKABLE, numbers=d, key="sampling.defaults")
 
 
 def claims(model: "Model", runs: Sequence[Run] | None = None) -> list[Claim]:

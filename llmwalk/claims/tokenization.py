@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ..cost import flops_by_stage, gpt2_config
 from ..i18n import t
+from . import named
 from ..kv_cache import kv_cache_bytes
 from ..report import Claim, Table, Verdict, table
 from ..tokens import Tokenizer, gpt2_tokenizer
@@ -37,7 +38,8 @@ def token_cost_table(texts: list[str], tokenizers: dict[str, Tokenizer]) -> Tabl
     rows = []
     for text in texts:
         counts = [len(tok.text_ids(text)) for tok in tokenizers.values()]
-        rows.append([text.replace("\n", "↵"), len(text)] + [f"{n} ({n / len(text):.2f})" for n in counts])
+        rows.append([text.replace("\n", "↵"), len(text)]
+                    + [t("claims.tokenization.cost_table.count", n=n, per_char=f"{n / len(text):.2f}") for n in counts])
     return table(rows, [t("claims.tokenization.cost_table.text"), t("claims.tokenization.cost_table.characters")]
                  + [t("claims.tokenization.cost_table.tokens", name=name) for name in tokenizers])
 
@@ -49,18 +51,22 @@ def forward_cost(tokens: int, config=None) -> dict[str, int]:
             "kv_cache_bytes": kv_cache_bytes(config, tokens)}
 
 
+def elsewhere(values: dict[str, object]) -> str:
+    """Other tokenizers' results after GPT-2's: '; SmolLM2: 14; Gemma-3: 4' (the separators of the current language)."""
+    return "".join(t("claims.common.sep") + named(name, v) for name, v in values.items())
+
+
 def _ids_claim(article_text: str, gpt2: Tokenizer, others: dict[str, Tokenizer], note: str = "") -> Claim:
     """'text → [article ids]': the real GPT-2 ids, what the article's ids decode to, other tokenizers' counts."""
     said = ARTICLE_IDS[article_text]
     real = gpt2.encode(article_text)
-    elsewhere = "".join(f"; {name}: {len(tok.text_ids(article_text))}" for name, tok in others.items())
     article = (t("claims.tokenization.ids.article_one", text=article_text, ids=said, note=note) if len(said) == 1 else
                t("claims.tokenization.ids.article_many", text=article_text, ids=said, n=len(said), note=note))
     return Claim(SECTION, article,
-                 t("claims.tokenization.ids.measured", real=real, n=len(real), elsewhere=elsewhere,
-                   pieces=visible(gpt2, said)),
+                 t("claims.tokenization.ids.measured", real=real, n=len(real), pieces=visible(gpt2, said),
+                   elsewhere=elsewhere({name: len(tok.text_ids(article_text)) for name, tok in others.items()})),
                  Verdict.of(len(real) == len(said), real == said),        # the point: the count; the detail: the ids
-                 numbers={"gpt2_ids": real, "article_ids": said})
+                 numbers={"gpt2_ids": real, "article_ids": said}, key="tokenization.ids")
 
 
 def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
@@ -71,11 +77,12 @@ def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
     # "切成 9 个 Token，标点也占一个"
     n = len(gpt2.encode(QUESTION_MARKED))
     mark = n - len(gpt2.encode(QUESTION))
-    elsewhere = "".join(f"; {name}: {len(tok.text_ids(QUESTION_MARKED))}" for name, tok in others.items())
     rows.append(Claim(SECTION, t("claims.tokenization.nine.article", text=QUESTION_MARKED, n=ARTICLE_QUESTION_TOKENS),
-                      t("claims.tokenization.nine.measured", n=n, mark=mark, elsewhere=elsewhere),
-                      Verdict.of(n == ARTICLE_QUESTION_TOKENS, mark == 1),
-                      numbers={"tokens": n, "question_mark_tokens": mark}, said=ARTICLE_QUESTION_TOKENS))
+                      t("claims.tokenization.nine.measured", n=n, mark=mark,
+                        elsewhere=elsewhere({name: len(tok.text_ids(QUESTION_MARKED)) for name, tok in others.items()})),
+                      Verdict.of(n == ARTICLE_QUESTION_TOKENS, mark == 1),      # a count: equal, or the point fails
+                      numbers={"tokens": n, "question_mark_tokens": mark}, said=ARTICLE_QUESTION_TOKENS,
+                      key="tokenization.nine"))
 
     rows += [_ids_claim("巴黎", gpt2, others), _ids_claim("首都", gpt2, others),
              _ids_claim("人工智", gpt2, others, note=t("claims.tokenization.ids.unseen")),
@@ -85,10 +92,11 @@ def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
     def pair(tok):
         return len(tok.text_ids(ENGLISH)), len(tok.text_ids(QUESTION_MARKED))
     en, zh = pair(gpt2)
-    elsewhere = "".join("; {}: {} vs {}".format(name, *pair(tok)) for name, tok in others.items())
+    both = lambda tok: t("claims.tokenization.finer.pair", english=pair(tok)[0], chinese=pair(tok)[1])  # noqa: E731
     rows.append(Claim(SECTION, t("claims.tokenization.finer.article"),
-                      t("claims.tokenization.finer.measured", english=en, chinese=zh, elsewhere=elsewhere),
-                      Verdict.of(en > zh), numbers={"english": en, "chinese": zh}))
+                      t("claims.tokenization.finer.measured", pair=both(gpt2),
+                        elsewhere=elsewhere({name: both(tok) for name, tok in others.items()})),
+                      Verdict.of(en > zh), numbers={"english": en, "chinese": zh}, key="tokenization.finer"))
 
     # "Token 越少，计算越快，内存占用越低"
     short, long = sorted([forward_cost(en), forward_cost(zh)], key=lambda c: c["tokens"])
@@ -98,8 +106,8 @@ def claims(tokenizers: dict[str, Tokenizer] | None = None) -> list[Claim]:
                         short_gflops=f"{short['flops'] / 1e9:.3g}", short_kb=f"{short['kv_cache_bytes'] / 1e3:.4g}",
                         long_n=long["tokens"], long_gflops=f"{long['flops'] / 1e9:.3g}",
                         long_kb=f"{long['kv_cache_bytes'] / 1e3:.4g}"),
-                      Verdict.of(grows), numbers={"short": short, "long": long}))
+                      Verdict.of(grows), numbers={"short": short, "long": long}, key="tokenization.fewer"))
 
     rows.append(Claim(SECTION, t("claims.tokenization.turbo.article"), t("claims.tokenization.turbo.measured"),
-                      Verdict.UNCHECKABLE))
+                      Verdict.UNCHECKABLE, key="tokenization.turbo"))
     return rows
