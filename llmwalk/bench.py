@@ -1,4 +1,4 @@
-"""Benchmarks, one subcommand each: `python -m llmwalk.bench generate|prefill|quantization|speculative|widgets [--threads N]`.
+"""Benchmarks, one subcommand each: `python -m llmwalk.bench generate|prefill|quantization|speculative|widgets|decode [--threads N]`.
 
 Every subcommand is a function taking the parsed arguments, registered in `build_parser`. The numbers are wall
 time on a machine that may be doing other things, so the contenders run in the same process, interleaved.
@@ -439,6 +439,19 @@ def bench_widgets(args: argparse.Namespace) -> None:
     print(f"peak memory of this process (model, two recorded traces, the widgets' figures): {peak_rss_mb():.0f} MB")
 
 
+def bench_decode(args: argparse.Namespace) -> None:
+    """One decoding step of the model, by decode_profile: is it memory-bound here, and if not, where does its time go."""
+    model = load_model(args.model, progress=False)
+    p = decode_profile(model, args.context, args.repeats)
+    print(f"{model.config.name}, one decoding step at context {args.context}, medians of {args.repeats} runs: "
+          f"{p.weight_bytes / 1e6:.0f} MB of weights read; plain-sum bandwidth {p.bandwidth / 1e9:.3g} GB/s, so "
+          f"{1000 * p.roofline_seconds:.3g} ms to read them; step {1000 * p.step_seconds:.3g} ms, of which matrix products "
+          f"{1000 * p.matmul_seconds:.3g} ms ({p.matmul_bandwidth / 1e9:.3g} GB/s); {p.n_ops} torch operations, "
+          f"{p.n_matmuls} of them matrix products. Memory-bound (step <= {MEMORY_BOUND_SLACK} x reading time): "
+          f"{'yes' if p.memory_bound else 'no'}; at this overhead, memory-bound from about "
+          f"{p.memory_bound_bytes / 1e6:.3g} MB of weights per token.")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subparser per benchmark, each pointing at its function through `run`."""
     common = argparse.ArgumentParser(add_help=False)     # options every subcommand takes
@@ -482,6 +495,13 @@ def build_parser() -> argparse.ArgumentParser:
     wid.add_argument("--repeats", type=int, default=10, help="control changes per widget")
     wid.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
     wid.set_defaults(run=bench_widgets)
+
+    dec = sub.add_parser("decode", parents=[common], help="what one decoding step waits on: bytes, bandwidth, matrix "
+                                                          "products, operations (decode_profile)")
+    dec.add_argument("--context", type=int, default=64, metavar="N")
+    dec.add_argument("--repeats", type=int, default=15, help="runs per timing (medians)")
+    dec.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
+    dec.set_defaults(run=bench_decode)
     return parser
 
 

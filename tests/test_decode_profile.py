@@ -66,3 +66,12 @@ def test_decode_profile_measures_the_model_it_is_given(smollm2):
     assert p.weight_bytes == bench.weight_bytes_per_token(smollm2)
     assert p.n_matmuls == c.n_layer * len(cost.block_matrices(c)) + 1 and p.n_ops > p.n_matmuls
     assert p.step_seconds > 0 and p.matmul_seconds > 0 and p.bandwidth > 0
+
+
+def test_bench_decode_prints_the_profile_with_its_verdict(smollm2, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "load_model", lambda name, progress=True: smollm2)
+    bench.main(["decode", "--context", "8", "--repeats", "1"])
+    machine, line = capsys.readouterr().out.splitlines()
+    assert machine.startswith("CPU: ") and line.startswith(f"{smollm2.config.name}, one decoding step at context 8")
+    assert f"{bench.weight_bytes_per_token(smollm2) / 1e6:.0f} MB of weights read" in line
+    assert "Memory-bound (step <= 1.5 x reading time): " in line and ("yes;" in line or "no;" in line)
