@@ -110,7 +110,7 @@ def block_diagram(config: Config) -> Figure:
         ax.plot([tap + 4.5, add], [y1, y1], color="#555", lw=1.2)                    # ... and add back to it
         ax.annotate("", (add, y0 + 0.17), (add, y1), arrowprops=arrow)
         ax.add_patch(Circle((add, y0), 0.17, fc="white", ec="#555", lw=1.2, zorder=3))
-        ax.text(add, y0, "+", ha="center", va="center", fontsize=12, weight="bold", zorder=4)
+        ax.text(add, y0, "+", ha="center", va="center", fontsize=13, zorder=4)
     ax.text(6.3, 2.85, t("viz.layers.block_title", n_layer=config.n_layer), ha="center", va="center", fontsize=10)
     return fig
 
