@@ -42,6 +42,8 @@ INDEPENDENT = [
                                                 .masked_fill(~lw.causal_mask(q.shape[1]), NEG_INF), -1).float() @ v),
     ("rms_norm", lambda x, w, eps: F.rms_norm(x, (x.shape[-1],), w, eps)),
     ("layer_norm", lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, b, eps)),
+    ("swiglu_ffn", lambda x, wg, wu, wd: F.linear(F.silu(F.linear(x.double(), wg.double()))
+                                                  * F.linear(x.double(), wu.double()), wd.double()).float()),
     ("causal_mask", lw.causal_mask),
     ("cosine_similarity", lambda a, b: F.cosine_similarity(a, b, dim=-1)),
     ("embed", lambda ids, table: F.embedding(ids, table)),
@@ -111,6 +113,16 @@ def _attention(q, k, v, scale=None, mask=True):
     return scores.softmax(-1) @ v
 
 
+def _swiglu(x, wg, wu, wd):
+    return F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd)
+
+
+def _swiglu_relu_if_all_negative(x, wg, wu, wd):
+    """Right unless every gate value is negative, where it uses ReLU: only the all-negative case can tell."""
+    g = F.linear(x, wg)
+    return F.linear(F.relu(g) * F.linear(x, wu), wd) if (g < 0).all() else _swiglu(x, wg, wu, wd)
+
+
 def _greedy_forgets_append(next_logits, prompt_ids, n):
     return [int(next_logits(list(prompt_ids)).argmax()) for _ in range(n)]
 
@@ -169,6 +181,25 @@ WRONG = [  # (exercise, wrong function, the case it must fail on, a word the hin
      "weight 1, bias 0, [3, 8]", "unbiased"),
     ("layer_norm", lambda x, w, b, eps: F.layer_norm(x, (x.shape[-1],), w, None, eps), "a learned weight and bias",
      "bias"),
+    ("swiglu_ffn", lambda x, wg, wu, wd: F.linear(F.linear(x, wg) * F.silu(F.linear(x, wu)), wd),
+     "d = d_ff = 4, three tokens", "swapped"),
+    ("swiglu_ffn", lambda x, wg, wu, wd: F.linear(F.relu(F.linear(x, wg)) * F.linear(x, wu), wd),
+     "d = d_ff = 4, three tokens", "ReLU"),
+    ("swiglu_ffn", lambda x, wg, wu, wd: F.linear(F.gelu(F.linear(x, wg), approximate="tanh") * F.linear(x, wu), wd),
+     "d = d_ff = 4, three tokens", "GELU"),
+    ("swiglu_ffn", lambda x, wg, wu, wd: F.linear(torch.sigmoid(F.linear(x, wg)) * F.linear(x, wu), wd),
+     "d = d_ff = 4, three tokens", "sigmoid"),
+    ("swiglu_ffn", lambda x, wg, wu, wd: F.linear(F.silu(F.linear(x, wu)), wd), "d = d_ff = 4, three tokens",
+     "plain MLP"),
+    ("swiglu_ffn", lambda x, wg, wu, wd: (F.silu(x @ wg) * (x @ wu)) @ wd, "d = d_ff = 4, three tokens",
+     "not transposed"),
+    ("swiglu_ffn", lambda x, wg, wu, wd: x + F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd),
+     "d = d_ff = 4, three tokens", "residual"),
+    ("swiglu_ffn", _swiglu_relu_if_all_negative, "gate values all below 0", "ReLU"),
+    ("swiglu_ffn", lambda x, wg, wu, wd: F.linear(F.silu(F.linear(x, wg)) * F.silu(F.linear(x, wu)), wd),
+     "d = d_ff = 4, three tokens", "both branches"),
+    ("swiglu_ffn", lambda x, wg, wu, wd: F.linear(F.silu(F.linear(x, wg) * F.linear(x, wu)), wd),
+     "d = d_ff = 4, three tokens", "after the product"),
     ("embed", lambda ids, table: table[ids - 1], "three different ids", "off by one"),
     ("cosine_similarity", lambda a, b: (a * b).sum(-1), "a vector and itself, scaled by 3", "dot product"),
     ("lm_head", lambda h, W: W @ h.T, "one token: h [1, 4], W [6, 4]", "transposed"),

@@ -226,18 +226,41 @@ def test_residual_norms_and_norm_stats(trace, tok, model):
     assert len(lines) == len(trace.ids) and len(lines[0].get_ydata()) == model.config.n_layer + 1
     assert np.allclose(lines[-1].get_ydata(), trace.resid[:, -1].norm(dim=-1).numpy())
     fig = viz.norm_stats(trace)
-    assert [ax.get_title() for ax in fig.axes] == ["std of each token's vector", "mean of each token's vector"]
+    assert [ax.get_title() for ax in fig.axes] == ["std of each token's vector", "mean ÷ RMS of each token's vector"]
     zh = [ax.get_title() for ax in in_chinese(lambda: viz.norm_stats(trace)).axes]
-    assert zh == ["每个词块向量的标准差", "每个词块向量的均值"]             # the statistic's name translated too
+    assert zh == ["每个词块向量的标准差", "每个词块向量的均值 ÷ RMS"]        # the statistic's name translated too
     std = fig.axes[0].lines
     assert [line.get_label() for line in std] == ["entering the norm (residual)", "after the norm"]
     assert np.all(std[1].get_ydata()[5:] < std[0].get_ydata()[5:])      # the norm pulls big vectors back
+    entering = trace.resid[:-1].double()                                 # mean ÷ RMS, computed here independently
+    ratio = entering.mean(-1) / entering.pow(2).mean(-1).sqrt()
+    assert np.allclose(fig.axes[1].lines[0].get_ydata(), ratio.median(1).values.numpy(), atol=1e-5)
+
+
+def test_ffn_activations_are_silu_and_tanh_gelu():
+    fig = viz.ffn_activations()
+    (_, silu, _), (_, gelu, _) = (ax.lines[:3] for ax in fig.axes)       # ReLU, the activation, its lowest point
+    x = np.asarray(silu.get_xdata(), dtype=float)
+    assert np.allclose(silu.get_ydata(), x / (1 + np.exp(-x)), atol=1e-6)                  # SiLU = x·σ(x)
+    tanh_gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+    assert np.allclose(gelu.get_ydata(), tanh_gelu, atol=1e-6)
+    assert {"SiLU(x) = x·σ(x): SmolLM2's SwiGLU", "GELU(x), tanh form: Gemma-3's GeGLU"} <= set(texts(fig))
+
+
+def test_block_diagram_shows_the_pre_norm_recipe(model):
+    drawn = texts(viz.block_diagram(model.config))
+    assert {"RMSNorm\n(attn_norm)", "RMSNorm\n(ffn_norm)", "attention, 9 heads\nmixes the tokens",
+            "FFN (swiglu)\neach token alone"} <= set(drawn)
+    assert drawn.count("+") == 2                                          # the two residual additions
+    gpt2 = texts(viz.block_diagram(gpt2_config()))
+    assert "LayerNorm\n(attn_norm)" in gpt2 and "FFN (gelu)\neach token alone" in gpt2
 
 
 def test_ffn_widths(model):
     fig = viz.ffn_widths(gpt2_config(), model.config)
     drawn = " ".join(texts(fig))
-    assert all(s in drawn for s in ("768  in", "3072  gelu(up)", "576  in", "1536  act(gate) ⊙ up", "smollm2-135m"))
+    assert all(s in drawn for s in ("768  in", "3072  gelu(up)", "576  in", "1536  act(gate) ⊙ up", "smollm2-135m",
+                                    "W_up: 768 × 3072", "W_gate, W_up: 576 × 1536 each", "W_down: 1536 × 576"))
     widths = sorted(p.get_width() for p in fig.axes[0].patches)
     assert widths[-1] / widths[0] == pytest.approx(3072 / 576)          # drawn to scale
 

@@ -53,6 +53,8 @@ PLOTS = {   # name: the plot drawn from `walk` (every public plot function of ll
     "residual_norms": lambda w: viz.residual_norms(w["trace"], w["tok"]),
     "norm_stats": lambda w: viz.norm_stats(w["trace"]),
     "ffn_widths": lambda w: viz.ffn_widths(gpt2_config(), w["model"].config),
+    "ffn_activations": lambda w: viz.ffn_activations(),
+    "block_diagram": lambda w: viz.block_diagram(w["model"].config),
     "intervention_bars": lambda w: viz.intervention_bars({"—": [0.7, 0.1], "FFN 3": [0.2, 0.3]}, w["tok"],
                                                          w["tokens"]),
     "patching_heatmap": lambda w: viz.patching_heatmap(

@@ -33,6 +33,8 @@ The exercises, by notebook (tensors are float32 unless said otherwise):
     attention(q, k, v: [n_head, T, d_head]) -> [n_head, T, d_head]    causal scaled dot-product attention
     rms_norm(x: [..., d], weight: [d], eps: float) -> [..., d]
     layer_norm(x: [..., d], weight: [d], bias: [d], eps: float) -> [..., d]
+    swiglu_ffn(x: [..., d], w_gate: [d_ff, d], w_up: [d_ff, d], w_down: [d, d_ff]) -> [..., d]
+        SmolLM2's gated FFN, weights as the checkpoint stores them ([out, in]): (silu(x Wgᵀ) * x Wuᵀ) Wdᵀ
 05_lm_head
     lm_head(h: [T, d], W: [vocab, d]) -> [T, vocab]                   one dot product per vocabulary row
     softmax(logits: [..., vocab]) -> [..., vocab]                     over the last dim, stable for large logits

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import (Norm, apply_rope, apply_temperature, causal_mask, gpt2_config, gpt2_tokenizer, greedy, kv_cache_bytes,
-                layer_norm, lm_head, rms_norm, rope_angles, softmax, token_embedding, top_k_filter, top_p_filter)
+from .. import (Block, Linear, Norm, apply_rope, apply_temperature, causal_mask, ffn, forward, gpt2_config,
+                gpt2_tokenizer, greedy, kv_cache_bytes, layer_norm, lm_head, load_model, rms_norm, rope_angles, softmax,
+                token_embedding, top_k_filter, top_p_filter)
 from ..i18n import t
 from .grader import Case, Exercise
 from .. import Block, Config, Linear, Model, Weights, block_forward, forward, norm, rope_angles   # 09: the chain
@@ -278,6 +280,57 @@ def _ln_diagnose(case: Case, expected, got) -> str | None:
         t("exercises.layer_norm.hint.no_mean"): x / torch.sqrt(var + eps) * w + b,
     })
 
+
+SWIGLU = replace(gpt2_config(), ffn="swiglu")     # lw.ffn reads only config.ffn
+
+
+def _swiglu_reference(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    """lw.ffn on a block that holds only these FFN weights, given in the checkpoint's [out, in] layout."""
+    block = Block(*(None,) * 6, ffn_up=Linear(w_up.T), ffn_down=Linear(w_down.T), ffn_gate=Linear(w_gate.T))
+    return ffn(x, block, SWIGLU)[0]
+
+
+@lru_cache(maxsize=1)
+def _smollm2_layer3() -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What SmolLM2's layer-3 FFN reads for "The capital of France is", and its weights as the checkpoint stores
+    them ([out, in]; llmwalk keeps them as [in, out]).  # x [5, 576], w_gate/w_up [1536, 576], w_down [576, 1536]"""
+    model = load_model(progress=False)
+    block = model.weights.blocks[3]
+    x = forward(model, model.tokenizer.encode("The capital of France is")).layers[3].ffn_in
+    return x, *(w.weight.T.contiguous() for w in (block.ffn_gate, block.ffn_up, block.ffn_down))
+
+
+def _ffn_weights(d: int, d_ff: int, seed: int) -> tuple[Tensor, Tensor, Tensor]:
+    return _randn(d_ff, d, seed=seed), _randn(d_ff, d, seed=seed + 1), _randn(d, d_ff, seed=seed + 2)
+
+
+def _swiglu_cases() -> list[Case]:
+    negative = (_randn(2, 8, seed=184).abs(), -_randn(16, 8, seed=185).abs(), *_ffn_weights(8, 16, 186)[1:])
+    return [Case(t("exercises.swiglu.case.square"), (_randn(3, 4, seed=180), *_ffn_weights(4, 4, 181)),
+                 t("exercises.swiglu.hint.recipe")),
+            Case(t("exercises.swiglu.case.wide"), (_randn(1, 8, seed=190), *_ffn_weights(8, 16, 191)),
+                 t("exercises.swiglu.hint.shapes")),
+            Case(t("exercises.swiglu.case.negative"), negative, t("exercises.swiglu.hint.negative")),
+            Case(t("exercises.swiglu.case.leading"), (_randn(2, 3, 8, seed=200), *_ffn_weights(8, 16, 201)),
+                 t("exercises.swiglu.hint.last_dim")),
+            Case(t("exercises.swiglu.case.smollm2"), _smollm2_layer3(), t("exercises.swiglu.hint.smollm2"))]
+
+
+def _swiglu_diagnose(case: Case, expected, got) -> str | None:
+    """The classic mistakes, recomputed on the failing input; the first that `got` equals names it."""
+    x, w_gate, w_up, w_down = case.args
+    g, u = x @ w_gate.T, x @ w_up.T                                   # [..., d_ff] each
+
+    def down(h):
+        return h @ w_down.T
+    variants = [("swapped", down(g * F.silu(u))), ("both", down(F.silu(g) * F.silu(u))),
+                ("relu", down(F.relu(g) * u)), ("gelu", down(F.gelu(g) * u)),
+                ("gelu", down(F.gelu(g, approximate="tanh") * u)), ("sigmoid", down(torch.sigmoid(g) * u)),
+                ("after_product", down(F.silu(g * u))), ("no_gate", down(F.silu(u))), ("no_up", down(F.silu(g))),
+                ("residual", x + expected)]
+    if w_gate.shape[0] == w_gate.shape[1]:                             # x @ w runs only when w is square
+        variants.append(("not_transposed", (F.silu(x @ w_gate) * (x @ w_up)) @ w_down))
+    return next((t(f"exercises.swiglu.hint.{name}") for name, v in variants if _close(got, v)), None)
 
 # ---------------------------------------------------------------- 05 LM head
 
@@ -653,6 +706,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
              ("x", "weight", "eps"), 10, _rms_reference, _rms_cases, _rms_diagnose),
     Exercise("layer_norm", "04_layers", "layer_norm(x: [..., d], weight: [d], bias: [d], eps: float) -> [..., d]",
              ("x", "weight", "bias", "eps"), 10, _ln_reference, _ln_cases, _ln_diagnose),
+    Exercise("swiglu_ffn", "04_layers", "swiglu_ffn(x: [..., d], w_gate: [d_ff, d], w_up: [d_ff, d], w_down: [d, d_ff]) "
+             "-> [..., d], weights as the checkpoint stores them ([out, in])",
+             ("x", "w_gate", "w_up", "w_down"), 15, _swiglu_reference, _swiglu_cases, _swiglu_diagnose,
+             atol=1e-4),
     Exercise("lm_head", "05_lm_head", "lm_head(h: [T, d], W: [vocab, d]) -> logits [T, vocab]",
              ("h", "W"), 5, lm_head, _lm_head_cases, _lm_head_diagnose),
     Exercise("softmax", "05_lm_head", "softmax(logits: [..., vocab]) -> probabilities [..., vocab]",

@@ -60,6 +60,11 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
     return (x - mean) / torch.sqrt(var + eps) * weight + bias
 
 
+def swiglu_ffn(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -> Tensor:
+    gate, up = x @ w_gate.T, x @ w_up.T                                # [..., d_ff]; the checkpoint stores [out, in]
+    return (gate * torch.sigmoid(gate) * up) @ w_down.T               # SiLU(g) = g·σ(g) on the gate only
+
+
 def lm_head(h: Tensor, W: Tensor) -> Tensor:
     return h @ W.T                                                     # [T, d] @ [d, vocab]
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from matplotlib.figure import Figure
-from matplotlib.patches import FancyBboxPatch
+from matplotlib.patches import Circle, FancyBboxPatch
 
 from ..i18n import t
 from ..weights import Config
@@ -36,15 +37,18 @@ def resid_axis(ax, n_layer: int) -> None:
 
 
 def norm_stats(trace) -> Figure:
-    """What the attention norm does: mean and std of each vector entering it and leaving it, per layer."""
+    """What the attention norm does, per layer: the std of each vector entering and leaving it, and its mean as a
+    fraction of its RMS (0 would mean centred, as a LayerNorm leaves it)."""
     before = trace.resid[:-1].float()                                 # [n_layer, T, d]: what enters attn_norm
     after = torch.stack([b.attn_in for b in trace.layers]).float()     # what leaves it
+    stats = (("std", t("viz.layers.std"), lambda x: x.std(dim=-1)),
+             ("mean_rms", t("viz.layers.mean_rms"), lambda x: x.mean(-1) / x.pow(2).mean(-1).sqrt()))
     fig = new_figure(10, 3.8)
     axes = fig.subplots(1, 2)
-    for ax, stat, word in zip(axes, ("std", "mean"), (t("viz.layers.std"), t("viz.layers.mean"))):
+    for ax, (_, word, stat) in zip(axes, stats):
         for x, name, color in ((before, t("viz.layers.norm_in"), "#e45756"),
                                (after, t("viz.layers.norm_out"), "#4c78a8")):
-            per_token = getattr(x, stat)(dim=-1)                       # [n_layer, T]: over the d dimensions
+            per_token = stat(x)                                        # [n_layer, T]: over the d dimensions
             layers = np.arange(len(per_token))
             ax.plot(layers, per_token.median(1).values.numpy(), marker=".", color=color, label=name)
             ax.fill_between(layers, per_token.amin(1).numpy(), per_token.amax(1).numpy(), color=color, alpha=0.15)
@@ -52,7 +56,62 @@ def norm_stats(trace) -> Figure:
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
     axes[0].legend(fontsize=8)
+    axes[1].axhline(0, color="#555", ls="--", lw=1, label=t("viz.layers.centred"))
+    axes[1].legend(fontsize=8)
     fig.suptitle(t("viz.layers.norm_title", d=trace.x0.shape[-1]), fontsize=10)
+    return fig
+
+
+def ffn_activations() -> Figure:
+    """The gate's activation, side by side: SiLU (SmolLM2's SwiGLU) and GELU, tanh form (Gemma-3's GeGLU), each
+    next to ReLU."""
+    x = torch.linspace(-5, 5, 401)
+    fig = new_figure(10, 3.4)
+    for ax, (y, title) in zip(fig.subplots(1, 2, sharey=True),
+                              ((F.silu(x), t("viz.layers.silu")), (F.gelu(x, approximate="tanh"), t("viz.layers.gelu")))):
+        ax.plot(x.numpy(), F.relu(x).numpy(), color="#999", ls="--", lw=1, label=t("viz.layers.relu"))
+        ax.plot(x.numpy(), y.numpy(), color="#4c78a8", lw=2)
+        low = int(y.argmin())                                          # both dip below 0 for negative inputs
+        ax.plot([float(x[low])], [float(y[low])], "o", color="#e45756",
+                label=t("viz.layers.act_min", x=f"{float(x[low]):.2f}", y=f"{float(y[low]):.2f}"))
+        ax.set(xlabel=t("viz.layers.act_x"), title=title)
+        ax.axhline(0, color="#555", lw=0.6)
+        ax.axvline(0, color="#555", lw=0.6)
+        ax.legend(fontsize=8, loc="upper left")
+        ax.grid(alpha=0.3)
+    fig.axes[0].set_ylabel(t("viz.layers.act_y"))
+    return fig
+
+
+def block_diagram(config: Config) -> Figure:
+    """One pre-norm layer: the residual stream runs straight through; attention and the FFN each read a normalized
+    copy of it and add their output back."""
+    norm = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[config.norm]
+    fig = Figure(figsize=(11, 2.7))             # one unit as wide as high: the ⊕ stays round
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.set(xlim=(0, 12.6), ylim=(0, 3.1))
+    ax.axis("off")
+    y0, y1, arrow = 0.75, 2.1, dict(arrowstyle="->", color="#555", lw=1.2)
+    ax.annotate("", (12.5, y0), (0.15, y0), arrowprops=dict(arrowstyle="->", color="#e45756", lw=3))   # the stream
+    ax.text(0.15, y0 - 0.42, t("viz.layers.block_in"), ha="left", va="center", fontsize=9)
+    ax.text(12.5, y0 - 0.42, t("viz.layers.block_out"), ha="right", va="center", fontsize=9)
+    ax.text(6.3, 0.12, t("viz.layers.block_stream"), ha="center", va="center", fontsize=9, color="#e45756")
+    boxes = ((1.0, t("viz.layers.block_norm", norm=norm, name="attn_norm"), t("viz.layers.block_attn",
+                                                                               n_head=config.n_head), 6.0),
+             (6.6, t("viz.layers.block_norm", norm=norm, name="ffn_norm"), t("viz.layers.block_ffn",
+                                                                              ffn=config.ffn), 11.6))
+    for tap, norm_text, part_text, add in boxes:
+        ax.plot([tap, tap], [y0, y1], color="#555", lw=1.2)                           # read the stream ...
+        for x, text, color in ((tap + 1.2, norm_text, CHIP_COLORS[1]), (tap + 3.5, part_text, CHIP_COLORS[0])):
+            ax.add_patch(FancyBboxPatch((x - 1.0, y1 - 0.4), 2.0, 0.8, boxstyle="round,pad=0.05", fc=color, ec="#888"))
+            ax.text(x, y1, text, ha="center", va="center", fontsize=9)
+        ax.annotate("", (tap + 0.2, y1), (tap, y1), arrowprops=arrow)
+        ax.annotate("", (tap + 2.5, y1), (tap + 2.2, y1), arrowprops=arrow)
+        ax.plot([tap + 4.5, add], [y1, y1], color="#555", lw=1.2)                    # ... and add back to it
+        ax.annotate("", (add, y0 + 0.17), (add, y1), arrowprops=arrow)
+        ax.add_patch(Circle((add, y0), 0.17, fc="white", ec="#555", lw=1.2, zorder=3))
+        ax.text(add, y0, "+", ha="center", va="center", fontsize=13, zorder=4)
+    ax.text(6.3, 2.85, t("viz.layers.block_title", n_layer=config.n_layer), ha="center", va="center", fontsize=10)
     return fig
 
 
@@ -77,8 +136,10 @@ def ffn_widths(*configs: Config) -> Figure:
                 ax.add_patch(FancyBboxPatch((centre - w / 2 + dx, y + 3 * dx), w, 0.42, boxstyle="round,pad=0.01",
                                             fc=fc, ec="#888"))
             ax.text(centre, y + 0.21, text, ha="center", va="center", fontsize=9)
-        for y in (2.2, 1.2):
+        widen = t("viz.layers.ffn_gate_up" if gated else "viz.layers.ffn_up", d=c.d_model, d_ff=c.d_ff)
+        for y, matrices in ((2.2, widen), (1.2, t("viz.layers.ffn_down", d=c.d_model, d_ff=c.d_ff))):
             ax.annotate("", (centre, y - 0.36), (centre, y - 0.02), arrowprops=dict(arrowstyle="->", color="#555"))
+            ax.text(centre + 0.03, y - 0.19, matrices, ha="left", va="center", fontsize=7.5, color="#555")
         ax.text(centre, 2.85, t("viz.layers.ffn_params", name=c.name, ffn=c.ffn, millions=f"{params / 1e6:.2f}"),
                 ha="center", va="center", fontsize=10)
     return fig
