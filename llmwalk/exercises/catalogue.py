@@ -13,12 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import (Block, Linear, Norm, apply_rope, apply_temperature, causal_mask, ffn, forward, gpt2_config,
-                gpt2_tokenizer, greedy, kv_cache_bytes, layer_norm, lm_head, load_model, rms_norm, rope_angles, softmax,
-                token_embedding, top_k_filter, top_p_filter)
+from .. import (Block, Config, Linear, Model, Norm, Weights, apply_rope, apply_temperature, block_forward, causal_mask,
+                ffn, forward, gpt2_config, gpt2_tokenizer, greedy, kv_cache_bytes, layer_norm, lm_head, load_model,
+                norm, rms_norm, rope_angles, softmax, token_embedding, top_k_filter, top_p_filter)
 from ..i18n import t
 from .grader import Case, Exercise
-from .. import Block, Config, Linear, Model, Weights, block_forward, forward, norm, rope_angles   # 09: the chain
 
 INF = float("inf")
 
