@@ -64,6 +64,7 @@ def test_a_heads_part_is_what_zeroing_it_takes_from_the_stream_read_by_the_head(
     assert abs(float(expected)) > 1e-3 or (layer, head) == (0, 0)        # not a trivially empty part
 
 
+@torch.no_grad()
 def test_every_part_matches_transformers_tensors(smollm2, hf_smollm2, france):
     """The oracle: o_proj's input (the heads side by side), each MLP's output, the embedding and the final norm's
     input, captured with torch hooks on transformers' model; each head's part is its slice of o_proj's input times
@@ -77,8 +78,7 @@ def test_every_part_matches_transformers_tensors(smollm2, hf_smollm2, france):
         handles.append(layer.self_attn.o_proj.register_forward_pre_hook(
             lambda m, i, n=n: seen.__setitem__(("z", n), i[0][0, pos])))
         handles.append(layer.mlp.register_forward_hook(lambda m, i, out, n=n: seen.__setitem__(("ffn", n), out[0, pos])))
-    with torch.no_grad():
-        logits = hf_smollm2(torch.tensor([france])).logits[0, pos]
+    logits = hf_smollm2(torch.tensor([france])).logits[0, pos]
     for h in handles:
         h.remove()
     paris = smollm2.tokenizer.token_id(" Paris")
