@@ -65,6 +65,15 @@ def inverse_rms(x: Tensor, eps: float) -> Tensor:
     return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
 
 
+def direct_parts(writes: Tensor, stream: Tensor, norm_weight: Tensor, unembed: Tensor, eps: float) -> Tensor:
+    """Each write's direct part of one logit: the final RMSNorm with the scale of the whole `stream` (the run's,
+    frozen), then one row of the LM head. Their sum is the logit when the writes add up to the stream.
+
+    # ([n, d], [d], [d], [d]) -> [n]
+    """
+    return inverse_rms(stream, eps) * ((writes.float() * norm_weight.float()) @ unembed.float())
+
+
 def logit_attribution(model: "Model", trace: Trace, token: int, position: int = -1) -> Attribution:
     """Split `token`'s logit at `position` of `trace` (lw.forward(model, ids), recorded) into direct parts.
 
@@ -112,8 +121,9 @@ def logit_attribution(model: "Model", trace: Trace, token: int, position: int = 
         raise ValueError("the embedding, the heads and the FFNs of this trace do not add up to its last residual "
                          "stream: was it run with hooks that replace attn_out or the stream itself? Attribute a "
                          "trace whose stream is the sum of what its parts wrote")
-    scale = inverse_rms(resid, config.norm_eps)                                       # [1], frozen from the run
-    direction = w.output_norm.weight.float() * w.output[token].float()              # [d_model]
-    return Attribution(token, position, float(trace.logits[row, token]), float(scale), direction, embedding_out,
-                       head_out, ffn_out, float(scale * (embedding_out @ direction)),
-                       scale * (head_out @ direction), scale * (ffn_out @ direction))
+    writes = torch.cat([embedding_out[None], head_out.flatten(0, 1), ffn_out])      # [1 + n_layer * (n_head + 1), d]
+    parts = direct_parts(writes, resid, w.output_norm.weight, w.output[token], config.norm_eps)
+    n_heads = head_out.shape[0] * head_out.shape[1]
+    return Attribution(token, position, float(trace.logits[row, token]), float(inverse_rms(resid, config.norm_eps)),
+                       w.output_norm.weight.float() * w.output[token].float(), embedding_out, head_out, ffn_out,
+                       float(parts[0]), parts[1:1 + n_heads].view(head_out.shape[:2]), parts[1 + n_heads:])

@@ -157,8 +157,12 @@ def next_token_probs(model: "Model", ids: Sequence[int] | Tensor, tokens: Sequen
     except (TypeError, ValueError) as e:
         raise type(e)(f"tokens (the ids whose probabilities to return, e.g. [model.tokenizer.token_id(' Paris')]): "
                       f"{e}") from None
-    trace = forward(model, ids, record=False, last_only=True, hooks=hooks)
-    return torch.softmax(trace.logits[0].float(), dim=-1)[tokens]
+    return torch.softmax(next_token_logits(model, ids, hooks), dim=-1)[tokens]
+
+
+def next_token_logits(model: "Model", ids: Sequence[int] | Tensor, hooks: Hooks | None = None) -> Tensor:
+    """The logits of the token after `ids`, with the interventions `hooks`.  # -> [vocab]"""
+    return forward(model, ids, record=False, last_only=True, hooks=hooks).logits[0].float()
 
 
 def effects(model: "Model", ids: Sequence[int] | Tensor, tokens: Sequence[int],
