@@ -45,6 +45,10 @@ The exercises, by notebook (tensors are float32 unless said otherwise):
         one decoding step: append the new key/value, then attend from the new query to all S + 1 positions
 08_cost
     kv_cache_bytes(n_layer, n_kv_head, d_head, T, bytes_per_number) -> int
+deep_dives/interventions
+    split_logit(embedding: [d], writes: [n, d], norm_weight: [d], unembed: [d], eps: float) -> [n + 1]
+        direct logit attribution: each write's part of one logit through the final RMSNorm, whose scale is the
+        whole stream's (embedding + every write), frozen; the embedding's part first; the parts sum to the logit
 
 Solutions, for teachers: `llmwalk/exercises/solutions.py`. `python -m llmwalk.exercises` checks them all.
 """

@@ -93,3 +93,10 @@ def kv_cache_step(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_ca
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, T: int, bytes_per_number: int) -> int:
     return 2 * n_layer * n_kv_head * d_head * T * bytes_per_number     # keys and values
+
+
+def split_logit(embedding: Tensor, writes: Tensor, norm_weight: Tensor, unembed: Tensor, eps: float) -> Tensor:
+    every = torch.cat([embedding[None], writes])                      # [n + 1, d]: the embedding is a write too
+    stream = every.sum(0)                                              # what the final norm saw
+    scale = 1 / torch.sqrt(stream.pow(2).mean() + eps)                 # the run's 1/rms, frozen: one number
+    return scale * (every * norm_weight) @ unembed                     # [n + 1], summing to the logit

@@ -5,7 +5,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..i18n import t
-from ._draw import show_piece, si
+from ._draw import new_figure, show_piece, si
 
 KIND_COLORS = {"embedding": "#9d9d9d", "attention": "#4c78a8", "ffn": "#e45756"}
 
@@ -50,4 +50,24 @@ def logit_attribution_bars(att, tokenizer, k: int = 12) -> Figure:
     right.set_title(t("viz.attribution.largest", k=k), fontsize=9)
     right.set_xlabel(t("viz.attribution.rest", n=len(parts) - k, rest=si(rest)), fontsize=8)
     fig.suptitle(t("viz.attribution.title", word=word, logit=si(att.logit)), fontsize=10)
+    return fig
+
+
+def direct_vs_total(direct: dict, total: dict, word: str) -> Figure:
+    """Per layer and part (e.g. attention, FFN): its direct part of the logit (bars) beside the logit's drop when
+    it is zeroed (dots), the total effect of removing it. One panel per part.  # direct, total {name: [n_layer]}"""
+    fig = new_figure(10, 3.6)
+    axes = fig.subplots(1, len(direct), sharey=True)
+    for ax, name, color in zip(axes, direct, (KIND_COLORS["attention"], KIND_COLORS["ffn"])):
+        layers = np.arange(len(direct[name]))
+        ax.bar(layers, np.asarray(direct[name], dtype=float), color=color, alpha=0.8,
+               label=t("viz.attribution.direct"))
+        ax.plot(layers, np.asarray(total[name], dtype=float), "o", ms=4, color="#222",
+                label=t("viz.attribution.total"))
+        ax.axhline(0, color="#555", lw=0.8)
+        ax.set(title=name, xlabel=t("viz.layers.layer_from_0"), xlim=(-0.7, len(layers) - 0.3))
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(t("viz.attribution.logit_units", word=word))
+    axes[0].legend(fontsize=8, loc="upper left")
+    fig.suptitle(t("viz.attribution.versus_title", word=word), fontsize=10)
     return fig
