@@ -40,9 +40,11 @@ def logit_attribution_bars(att, tokenizer, k: int = 12) -> Figure:
     word = show_piece(tokenizer.pieces([att.token])[0])
     fig = Figure(figsize=(10, 0.9 + 0.27 * (k + 1)), layout="constrained")
     left, right = fig.subplots(1, 2, width_ratios=(1, 1.6))
-    kinds = [("embedding", att.embedding), ("attention", float(att.heads.sum())), ("ffn", float(att.ffns.sum()))]
-    _bars(left, [t(f"viz.attribution.all_{kind}") for kind, _ in kinds] + [t("viz.attribution.logit")],
-          [v for _, v in kinds] + [att.logit], [KIND_COLORS[kind] for kind, _ in kinds] + ["#333"])
+    kinds = [("embedding", t("viz.attribution.embedding"), att.embedding),
+             ("attention", t("viz.attribution.all_heads"), float(att.heads.sum())),
+             ("ffn", t("viz.attribution.all_ffns"), float(att.ffns.sum()))]
+    _bars(left, [label for _, label, _ in kinds] + [t("viz.attribution.logit")], [v for *_, v in kinds] + [att.logit],
+          [KIND_COLORS[kind] for kind, *_ in kinds] + ["#333"])
     left.set_title(t("viz.attribution.by_kind"), fontsize=9)
     top = sorted(parts, key=lambda p: -abs(p[2]))[:k]
     _bars(right, [label for _, label, _ in top], [v for *_, v in top], [KIND_COLORS[kind] for kind, *_ in top])
