@@ -59,8 +59,8 @@ def direct_vs_total(direct: dict, total: dict, word: str) -> Figure:
     """Per layer and part (e.g. attention, FFN): its direct part of the logit (bars) beside the logit's drop when
     it is zeroed (dots), the total effect of removing it. One panel per part.  # direct, total {name: [n_layer]}"""
     fig = new_figure(10, 3.6)
-    axes = fig.subplots(1, len(direct), sharey=True)
-    for ax, name, color in zip(axes, direct, (KIND_COLORS["attention"], KIND_COLORS["ffn"])):
+    axes = fig.subplots(1, len(direct), sharey=True, squeeze=False)[0]
+    for ax, name, color in zip(axes, direct, (KIND_COLORS["attention"], KIND_COLORS["ffn"], "#54a24b")):
         layers = np.arange(len(direct[name]))
         ax.bar(layers, np.asarray(direct[name], dtype=float), color=color, alpha=0.8,
                label=t("viz.attribution.direct"))
