@@ -157,8 +157,12 @@ def next_token_probs(model: "Model", ids: Sequence[int] | Tensor, tokens: Sequen
     except (TypeError, ValueError) as e:
         raise type(e)(f"tokens (the ids whose probabilities to return, e.g. [model.tokenizer.token_id(' Paris')]): "
                       f"{e}") from None
-    trace = forward(model, ids, record=False, last_only=True, hooks=hooks)
-    return torch.softmax(trace.logits[0].float(), dim=-1)[tokens]
+    return torch.softmax(next_token_logits(model, ids, hooks), dim=-1)[tokens]
+
+
+def next_token_logits(model: "Model", ids: Sequence[int] | Tensor, hooks: Hooks | None = None) -> Tensor:
+    """The logits of the token after `ids`, with the interventions `hooks`.  # -> [vocab]"""
+    return forward(model, ids, record=False, last_only=True, hooks=hooks).logits[0].float()
 
 
 def effects(model: "Model", ids: Sequence[int] | Tensor, tokens: Sequence[int],
@@ -174,11 +178,17 @@ def effects(model: "Model", ids: Sequence[int] | Tensor, tokens: Sequence[int],
 def patching_grid(model: "Model", ids: Sequence[int] | Tensor, source: Trace, token: int) -> Tensor:
     """P(token) after `ids` when the residual stream at one (layer, position) comes from `source`.
 
-    Row i patches what enters layer i (row n_layer: what leaves the last one).  # -> [n_layer + 1, T]
+    Row i patches what enters layer i (row n_layer: what leaves the last one). Positions before the first one where
+    the prompts differ hold the same stream in both (the causal mask: nothing later reaches them), so patching
+    them is the plain run: it is run once for all of them.  # -> [n_layer + 1, T]
     """
-    n = len(source.ids)
-    return torch.stack([torch.stack([next_token_probs(model, ids, [token], patch(source, layer, pos))[0]
-                                     for pos in range(n)]) for layer in range(len(source.layers) + 1)])
+    n, ids_ = len(source.ids), check_ids(ids, model.config.vocab_size, sys.maxsize)
+    shared = next((i for i, (a, b) in enumerate(zip(ids_.tolist(), source.ids.tolist())) if a != b), n)
+    plain = next_token_probs(model, ids, [token])[0]
+    def row(layer: int) -> Tensor:                        # [T]
+        return torch.stack([plain] * shared + [next_token_probs(model, ids, [token], patch(source, layer, pos))[0]
+                                               for pos in range(shared, n)])
+    return torch.stack([row(layer) for layer in range(len(source.layers) + 1)])
 
 
 def subject_position(ids: Sequence[int] | Tensor, other: Sequence[int] | Tensor) -> int:

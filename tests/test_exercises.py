@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +28,12 @@ def test_every_solution_passes(name):
 
 def test_every_notebook_02_to_09_has_an_exercise():
     assert {f"0{i}" for i in range(2, 10)} <= {ex.notebook[:2] for ex in exercises()}
+
+
+def test_every_exercise_names_a_notebook_of_both_editions():
+    root = Path(__file__).resolve().parent.parent / "notebooks"
+    for ex in exercises():
+        assert (root / f"{ex.notebook}.ipynb").is_file() and (root / "zh" / f"{ex.notebook}.ipynb").is_file(), ex.name
 
 
 # Independent implementations (torch.nn.functional, tiktoken's own encode, llmwalk's own functions) must pass.
@@ -56,7 +63,15 @@ INDEPENDENT = [
                                   for i in lw.gpt2_tokenizer().encode(piece.decode())]),
     ("kv_cache_step", lambda q, k, v, kc, vc: (F.scaled_dot_product_attention(
         q, torch.cat([kc, k], 1), torch.cat([vc, v], 1)), torch.cat([kc, k], 1), torch.cat([vc, v], 1))),
+    ("split_logit", lambda e, writes, w, u, eps: _split_by_rms_norm(torch.cat([e[None], writes]), w, u, eps)),
 ]
+
+
+def _split_by_rms_norm(every, w, u, eps):
+    """The frozen scale read off torch's own RMSNorm of the stream: |rms_norm(stream)| / |stream|."""
+    stream = every.sum(0)
+    scale = F.rms_norm(stream, stream.shape, None, eps).norm() / stream.norm()
+    return scale * (every * w) @ u
 
 
 @pytest.mark.parametrize("name, fn", INDEPENDENT, ids=[f"{n}-{i}" for i, (n, _) in enumerate(INDEPENDENT)])
@@ -154,6 +169,17 @@ def _bpe_first_pair(piece, ranks):
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
 
 
+def _split(e, writes, w, u, eps, *, weight=True, scale="stream", with_eps=True):
+    """Direct logit attribution, right or with one classic mistake: no norm weight, no 1/rms ("none"), a scale
+    recomputed from each part ("each") or from the writes without the embedding ("writes"), eps left out."""
+    eps = eps if with_eps else 0.0
+    every = torch.cat([e[None], writes])
+    of = {"stream": every.sum(0), "writes": writes.sum(0)}
+    inv = (torch.ones(len(every)) if scale == "none" else
+           torch.rsqrt(every.pow(2).mean(-1) + eps) if scale == "each" else torch.rsqrt(of[scale].pow(2).mean() + eps))
+    return inv * ((every * w if weight else every) @ u)
+
+
 WRONG = [  # (exercise, wrong function, the case it must fail on, a word the hint must contain)
     ("softmax", _softmax_overflows, "large logits (~1000)", "subtract"),
     ("softmax", lambda x: x.softmax(0), "batched [3, 5]", "wrong dimension"),
@@ -212,6 +238,20 @@ WRONG = [  # (exercise, wrong function, the case it must fail on, a word the hin
     ("kv_cache_bytes", lambda n_layer, n_kv, d, t, b: 2 * n_layer * n_kv * d * t * b * 8, "SmolLM2, 4,096 tokens, fp32",
      "bits"),
     ("bpe", lambda piece, ranks: [bytes([b]) for b in piece], "a common word", "nothing was merged"),
+    ("split_logit", lambda e, W, w, u, eps: _split(e, W, w, u, eps, weight=False), "a learned norm weight",
+     "norm's weight is missing"),
+    ("split_logit", lambda e, W, w, u, eps: _split(e, W, w, u, eps, scale="none"), "two writes, a norm weight of ones",
+     "1/rms is missing"),
+    ("split_logit", lambda e, W, w, u, eps: _split(e, W, w, u, eps, scale="each"), "two writes, a norm weight of ones",
+     "recomputed from each part"),
+    ("split_logit", lambda e, W, w, u, eps: _split(e, W, w, u, eps)[1:], "two writes, a norm weight of ones",
+     "embedding is a part too"),
+    ("split_logit", lambda e, W, w, u, eps: _split(e, W, w, u, eps, scale="writes"),
+     "two writes, a norm weight of ones", "includes the embedding"),
+    ("split_logit", lambda e, W, w, u, eps: _split(e, W, w, u, eps, with_eps=False), "a large eps (0.5) on small values",
+     "inside the square root"),
+    ("split_logit", lambda e, W, w, u, eps: _split(e, W, w, u, eps).sum(), "two writes, a norm weight of ones",
+     "not their sum"),
     ("bpe", _bpe_first_pair, "a rare long word", "lowest"),
 ]
 

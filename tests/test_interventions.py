@@ -238,3 +238,14 @@ def test_effects_start_with_the_plain_run_named_in_the_reader_s_language(smollm2
     assert first == "不做任何干预"                      # the plot's first row label: no English "none" left
     torch.testing.assert_close(p, plain, atol=1e-6, rtol=1e-5)
     assert not torch.allclose(ablated, plain, atol=1e-3)
+
+
+def test_patching_grid_runs_the_shared_prefix_once_and_every_cell_is_that_patch(smollm2, france):
+    tok = smollm2.tokenizer
+    source = lw.forward(smollm2, tok.encode("The capital of Germany is"))
+    berlin = tok.token_id(" Berlin")
+    grid = iv.patching_grid(smollm2, france, source, berlin)
+    assert grid.shape == (smollm2.config.n_layer + 1, len(france))
+    for layer, pos in [(0, 0), (12, 2), (5, 3), (24, 4), (30, 4)]:         # prefix cells, then patched ones
+        hooked = lw.forward(smollm2, france, hooks=iv.patch(source, layer, pos)).logits[-1]
+        torch.testing.assert_close(grid[layer, pos], torch.softmax(hooked, -1)[berlin], atol=1e-5, rtol=1e-4)

@@ -19,6 +19,7 @@ from matplotlib.text import Text  # noqa: E402
 
 import llmwalk as lw  # noqa: E402
 import llmwalk.viz as viz  # noqa: E402
+from llmwalk.attribution import logit_attribution  # noqa: E402
 from llmwalk.cost import decode_step_flops, flops_by_stage, gpt2_config  # noqa: E402
 from llmwalk.generation import generate  # noqa: E402
 
@@ -61,6 +62,9 @@ PLOTS = {   # name: the plot drawn from `walk` (every public plot function of ll
         torch.rand(w["model"].config.n_layer + 1, 5, generator=torch.Generator().manual_seed(0)), w["tok"],
         w["trace"].ids, w["tokens"][0], "The capital of Germany is"),
     "ablation_sweep": lambda w: viz.ablation_sweep({"FFN": [0.5] * 4}, 0.7, " Paris"),
+    "logit_attribution_bars": lambda w: viz.logit_attribution_bars(
+        logit_attribution(w["model"], w["trace"], w["tokens"][0]), w["tok"]),
+    "direct_vs_total": lambda w: viz.direct_vs_total({"FFN": [0.5, -0.2]}, {"FFN": [1.0, 0.3]}, " Paris"),
     "logit_lens_grid": lambda w: viz.logit_lens_grid(w["trace"], w["model"]),
     "logit_lens_top": lambda w: viz.logit_lens_top(w["trace"], w["model"]),
     "token_rank": lambda w: viz.token_rank(w["trace"], w["model"], " Paris"),

@@ -53,6 +53,10 @@ The exercises, by notebook (tensors are float32 unless said otherwise):
 09_the_journey
     next_token_logits(weights: Weights, config: Config, ids: [T] int64) -> [vocab]
         the whole chain: embedding, every layer (causal mask, RoPE), final norm, LM head at the last position
+deep_dives/interventions
+    split_logit(embedding: [d], writes: [n, d], norm_weight: [d], unembed: [d], eps: float) -> [n + 1]
+        direct logit attribution: each write's part of one logit through the final RMSNorm, whose scale is the
+        whole stream's (embedding + every write), frozen; the embedding's part first; the parts sum to the logit
 
 Solutions, for teachers: `llmwalk/exercises/solutions.py`. `python -m llmwalk.exercises` checks them all.
 """

@@ -16,6 +16,7 @@ from torch import Tensor
 from .. import (Block, Config, Linear, Model, Norm, Weights, apply_rope, apply_temperature, block_forward, causal_mask,
                 ffn, forward, gpt2_config, gpt2_tokenizer, greedy, kv_cache_bytes, layer_norm, lm_head, load_model,
                 norm, rms_norm, rope_angles, softmax, token_embedding, top_k_filter, top_p_filter)
+from ..attribution import direct_parts
 from ..i18n import t
 from .grader import Case, Exercise
 
@@ -686,6 +687,51 @@ def _next_token_diagnose(case: Case, expected, got) -> str | None:
     return _first_match(got, wrong)
 
 
+# ---------------------------------------------------------------- deep dive: interventions (direct logit attribution)
+
+def _split_logit_reference(embedding: Tensor, writes: Tensor, norm_weight: Tensor, unembed: Tensor,
+                           eps: float) -> Tensor:
+    stream = embedding + writes.sum(0)
+    return direct_parts(torch.cat([embedding[None], writes]), stream, norm_weight, unembed, eps)
+
+
+def _split_logit_cases() -> list[Case]:
+    d, recipe = 8, t("exercises.split_logit.hint.recipe")
+    e, u, w = _randn(d, seed=180), _randn(d, seed=181), 1 + _randn(d, seed=182, scale=0.5)
+    sizes = torch.tensor([[1.0], [100.0], [0.1]])                   # one write dwarfs the others
+    return [Case(t("exercises.split_logit.case.ones"), (e, _randn(2, d, seed=183), torch.ones(d), u, 1e-6), recipe),
+            Case(t("exercises.split_logit.case.weight"), (e, _randn(3, d, seed=184), w, u, 1e-6),
+                 t("exercises.split_logit.hint.weight")),
+            Case(t("exercises.split_logit.case.sizes"), (e, _randn(3, d, seed=185) * sizes, w, u, 1e-6), recipe),
+            Case(t("exercises.split_logit.case.eps"), (e * 0.1, _randn(2, d, seed=186, scale=0.1), w, u, 0.5),
+                 t("exercises.split_logit.hint.eps")),
+            Case(t("exercises.split_logit.case.none"), (e, torch.zeros(0, d), w, u, 1e-6),
+                 t("exercises.split_logit.hint.none")),
+            Case(t("exercises.split_logit.case.model"),
+                 (_randn(64, seed=187, scale=0.1), _randn(60, 64, seed=188), 1 + _randn(64, seed=189, scale=0.3),
+                  _randn(64, seed=190, scale=0.1), 1e-5), recipe)]
+
+
+def _split_logit_diagnose(case: Case, expected, got) -> str | None:
+    e, writes, w, u, eps = case.args
+    every, stream = torch.cat([e[None], writes]), e + writes.sum(0)
+
+    def read(scale):                                               # each write through w and u, times a scale
+        return scale * ((every * w) @ u)
+    if isinstance(got, Tensor) and got.dim() == 0 and _close(got, expected.sum()):
+        return t("exercises.split_logit.hint.summed")
+    return _first_match(got, {
+        t("exercises.split_logit.hint.no_embedding"): expected[1:],
+        t("exercises.split_logit.hint.embedding_last"): torch.cat([expected[1:], expected[:1]]),
+        t("exercises.split_logit.hint.no_weight"): torch.rsqrt(stream.pow(2).mean() + eps) * (every @ u),
+        t("exercises.split_logit.hint.unnormed"): read(1.0),
+        t("exercises.split_logit.hint.own_scale"): read(torch.rsqrt(every.pow(2).mean(-1) + eps)),
+        t("exercises.split_logit.hint.stream_without_embedding"):
+            read(torch.rsqrt(writes.sum(0).pow(2).mean() + eps)),
+        t("exercises.split_logit.hint.eps"): read(1 / stream.pow(2).mean().sqrt()),
+    })
+
+
 EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
     Exercise("bpe", "02_tokenization", "bpe(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]",
              ("piece", "ranks"), 20, _bpe_reference, _bpe_cases, _bpe_diagnose),
@@ -732,4 +778,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
     Exercise("next_token_logits", "09_the_journey", "next_token_logits(weights: Weights, config: Config, ids: [T] int64) "
              "-> logits [vocab] of the token after ids", ("weights", "config", "ids"), 30, _next_token_reference,
              _next_token_cases, _next_token_diagnose, rtol=1e-4, atol=1e-4),
+    Exercise("split_logit", "deep_dives/interventions",
+             "split_logit(embedding: [d], writes: [n, d], norm_weight: [d], unembed: [d], eps: float) -> [n + 1]",
+             ("embedding", "writes", "norm_weight", "unembed", "eps"), 15, _split_logit_reference,
+             _split_logit_cases, _split_logit_diagnose),
 ]}

@@ -142,3 +142,10 @@ def next_token_logits(weights, config, ids: Tensor) -> Tensor:
         gate = h @ b.ffn_gate.weight
         x = x + (gate * torch.sigmoid(gate) * (h @ b.ffn_up.weight)) @ b.ffn_down.weight   # SiLU(gate) * up
     return rms(x[-1], weights.output_norm) @ weights.output.T          # [vocab]
+
+
+def split_logit(embedding: Tensor, writes: Tensor, norm_weight: Tensor, unembed: Tensor, eps: float) -> Tensor:
+    every = torch.cat([embedding[None], writes])                      # [n + 1, d]: the embedding is a write too
+    stream = every.sum(0)                                              # what the final norm saw
+    scale = 1 / torch.sqrt(stream.pow(2).mean() + eps)                 # the run's 1/rms, frozen: one number
+    return scale * (every * norm_weight) @ unembed                     # [n + 1], summing to the logit

@@ -4,6 +4,7 @@ Every plot function returns a matplotlib Figure (made outside pyplot: a notebook
 close). The only part of llmwalk that imports matplotlib and ipywidgets.
 """
 from . import _draw
+from .attribution import direct_vs_total, logit_attribution_bars
 from .attention import (attention_heads, attention_heatmap, attention_step, attention_step_widget,
                         last_token_attention, mask_and_attention, mask_plot)
 from .cost import (error_histogram, flops_bars, memory_bars, pass_cost, speculative_timeline, stage_timeline,
