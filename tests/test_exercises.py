@@ -55,6 +55,8 @@ INDEPENDENT = [
     ("cosine_similarity", lambda a, b: F.cosine_similarity(a, b, dim=-1)),
     ("embed", lambda ids, table: F.embedding(ids, table)),
     ("lm_head", lambda h, W: F.linear(h, W)),
+    ("logit_lens", lambda r, w, eps, W: F.linear(F.rms_norm(r.double(), (r.shape[-1],), w.double(), eps), W.double())
+     .float()),
     ("apply_temperature", lw.apply_temperature),
     ("top_k_filter", lw.top_k_filter),
     ("top_p_filter", lw.top_p_filter),
@@ -119,6 +121,20 @@ def _top_k_exactly_k(logits, k):
 
 def _top_k_zeros(logits, k):
     return torch.where(logits >= logits.topk(min(k, logits.shape[-1])).values[..., -1:], logits, 0.0)
+
+
+def _rms(x, eps):
+    return x * (x.pow(2).mean(-1, keepdim=True) + eps).rsqrt()
+
+
+LENS_WRONG = {  # the classic wrong logit lenses, each with the word its hint must contain
+    "no final norm": lambda r, w, eps, W: r @ W.T,
+    "LayerNorm": lambda r, w, eps, W: F.layer_norm(r, (r.shape[-1],), w, None, eps) @ W.T,
+    "weight is forgotten": lambda r, w, eps, W: _rms(r, eps) @ W.T,
+    "not transposed": lambda r, w, eps, W: _rms(r, eps) * w @ W,
+    "softmax returned": lambda r, w, eps, W: (_rms(r, eps) * w @ W.T).softmax(-1),
+    "row 0 is skipped": lambda r, w, eps, W: _rms(r[1:], eps) * w @ W.T,
+}
 
 
 def _attention(q, k, v, scale=None, mask=True):
@@ -229,6 +245,11 @@ WRONG = [  # (exercise, wrong function, the case it must fail on, a word the hin
     ("embed", lambda ids, table: table[ids - 1], "three different ids", "off by one"),
     ("cosine_similarity", lambda a, b: (a * b).sum(-1), "a vector and itself, scaled by 3", "dot product"),
     ("lm_head", lambda h, W: W @ h.T, "one token: h [1, 4], W [6, 4]", "transposed"),
+    *(("logit_lens", fn, "4 rows, d = vocab = 8 (a square W_U)", hint) for hint, fn in LENS_WRONG.items()),
+    ("logit_lens", lambda r, w, eps, W: r / (r.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w @ W.T,
+     "a large eps (0.5) on small values", "inside the square root"),
+    ("logit_lens", lambda r, w, eps, W: r * (r.pow(2).mean(0, keepdim=True) + eps).rsqrt() * w @ W.T,
+     "4 rows, d = vocab = 8 (a square W_U)", "wrong dimension"),
     ("greedy_generate", _greedy_forgets_append, "six new tokens", "append"),
     ("greedy_generate", _greedy_returns_all, "one new token", "only the n new ids"),
     ("kv_cache_step", _kv_step_no_growth, "the first token: empty cache", "did not grow"),

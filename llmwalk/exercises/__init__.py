@@ -38,6 +38,8 @@ The exercises, by notebook (tensors are float32 unless said otherwise):
 05_lm_head
     lm_head(h: [T, d], W: [vocab, d]) -> [T, vocab]                   one dot product per vocabulary row
     softmax(logits: [..., vocab]) -> [..., vocab]                     over the last dim, stable for large logits
+    logit_lens(resid: [n_layer + 1, d], norm_weight: [d], eps: float, W_U: [vocab, d]) -> [n_layer + 1, vocab]
+        every row of the residual stream (emb, after layer 0, ...) through the final RMSNorm and the LM head
 06_sampling
     apply_temperature(logits: [..., vocab], temperature: float) -> [..., vocab]
     top_k_filter(logits: [..., vocab], top_k: int) -> [..., vocab]    -inf below the k-th largest; ties kept

@@ -377,6 +377,52 @@ def _softmax_diagnose(case: Case, expected, got) -> str | None:
     return None
 
 
+
+def _lens_reference(resid: Tensor, weight: Tensor, eps: float, W_U: Tensor) -> Tensor:
+    return lm_head(rms_norm(resid, Norm(weight), eps), W_U)
+
+
+def _smollm2_lens_args() -> tuple[Tensor, Tensor, float, Tensor]:
+    """The real thing: the last token's residual stream of "The capital of France is", emb + every layer."""
+    model = load_model(progress=False)
+    trace = forward(model, model.tokenizer.encode("The capital of France is"))
+    return trace.resid[:, -1], model.weights.output_norm.weight, model.config.norm_eps, model.weights.output
+
+
+def _lens_cases() -> list[Case]:
+    # Residuals with a non-zero mean (LayerNorm would centre them) and a weight far from 1 (so forgetting it shows).
+    def toy(layers, d, vocab, seed, eps=1e-5, scale=1.0):
+        return (_randn(layers, d, seed=seed, scale=scale) + 0.5, 1 + _randn(d, seed=seed + 1, scale=0.5), eps,
+                _randn(vocab, d, seed=seed + 2))
+    recipe = t("exercises.logit_lens.hint.recipe")
+    growing = _randn(5, 16, seed=199) * torch.tensor([1, 4, 16, 64, 256.0])[:, None]   # as a real stream grows
+    return [Case(t("exercises.logit_lens.case.square"), toy(4, 8, 8, 190), recipe),
+            Case(t("exercises.logit_lens.case.toy", layers=3, d=8, vocab=20), toy(3, 8, 20, 193), recipe),
+            Case(t("exercises.logit_lens.case.large_eps"), toy(3, 8, 12, 196, eps=0.5, scale=0.1),
+                 t("exercises.logit_lens.hint.eps")),
+            Case(t("exercises.logit_lens.case.growing"), (growing, *toy(1, 16, 30, 200)[1:]), recipe),
+            Case(t("exercises.logit_lens.case.smollm2"), _smollm2_lens_args(), recipe)]
+
+
+def _lens_diagnose(case: Case, expected, got) -> str | None:
+    resid, w, eps, W_U = case.args
+    if isinstance(got, Tensor) and got.shape[-1] == expected.shape[-1] and got.shape[0] == expected.shape[0] - 1 \
+            and _close(got, expected[1:]):
+        return t("exercises.logit_lens.hint.skipped_emb")
+    if isinstance(got, Tensor) and got.shape == expected.shape and _close(got, expected.softmax(-1)):
+        return t("exercises.logit_lens.hint.probabilities")
+    rms = torch.rsqrt(resid.pow(2).mean(-1, keepdim=True) + eps)
+    return _first_match(got, {
+        t("exercises.logit_lens.hint.no_norm"): resid @ W_U.T,
+        t("exercises.logit_lens.hint.no_weight"): (resid * rms) @ W_U.T,
+        t("exercises.logit_lens.hint.layer_norm"): F.layer_norm(resid, (resid.shape[-1],), w, None, eps) @ W_U.T,
+        t("exercises.logit_lens.hint.not_transposed"): (resid * rms * w) @ W_U,
+        t("exercises.logit_lens.hint.eps_outside"):
+            resid / (resid.pow(2).mean(-1, keepdim=True).sqrt() + eps) * w @ W_U.T,
+        t("exercises.logit_lens.hint.wrong_dim"):
+            resid * torch.rsqrt(resid.pow(2).mean(0, keepdim=True) + eps) * w @ W_U.T,
+    })
+
 # ---------------------------------------------------------------- 06 sampling
 
 def _temperature_cases() -> list[Case]:
@@ -759,6 +805,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
              ("h", "W"), 5, lm_head, _lm_head_cases, _lm_head_diagnose),
     Exercise("softmax", "05_lm_head", "softmax(logits: [..., vocab]) -> probabilities [..., vocab]",
              ("logits",), 10, softmax, _softmax_cases, _softmax_diagnose, rtol=1e-4, atol=1e-6),
+    Exercise("logit_lens", "05_lm_head",
+             "logit_lens(resid: [n_layer + 1, d], norm_weight: [d], eps: float, W_U: [vocab, d]) "
+             "-> logits [n_layer + 1, vocab]",
+             ("resid", "norm_weight", "eps", "W_U"), 15, _lens_reference, _lens_cases, _lens_diagnose, atol=1e-4),
     Exercise("apply_temperature", "06_sampling", "apply_temperature(logits: [..., vocab], temperature: float) -> logits",
              ("logits", "temperature"), 5, apply_temperature, _temperature_cases, _temperature_diagnose),
     Exercise("top_k_filter", "06_sampling", "top_k_filter(logits: [..., vocab], top_k: int) -> logits, -inf where removed",

@@ -74,6 +74,11 @@ def softmax(logits: Tensor) -> Tensor:
     return e / e.sum(-1, keepdim=True)
 
 
+def logit_lens(resid: Tensor, norm_weight: Tensor, eps: float, W_U: Tensor) -> Tensor:
+    normed = resid / torch.sqrt(resid.pow(2).mean(-1, keepdim=True) + eps) * norm_weight   # RMSNorm, each row
+    return normed @ W_U.T                                              # [n_layer + 1, d] @ [d, vocab]
+
+
 def apply_temperature(logits: Tensor, temperature: float) -> Tensor:
     return logits / temperature
 
