@@ -45,6 +45,13 @@ The exercises, by notebook (tensors are float32 unless said otherwise):
         one decoding step: append the new key/value, then attend from the new query to all S + 1 positions
 08_cost
     kv_cache_bytes(n_layer, n_kv_head, d_head, T, bytes_per_number) -> int
+deep_dives/speculative_decoding
+    speculative_accept(p: [V], q: [V], drafted: int, u: float) -> (accepted: bool, residual: [V])
+        the accept/reject rule for one drafted token x: accept when u < min(1, p(x) / q(x)); the residual
+        max(0, p − q), normalised, is what a rejected guess is replaced by (returned either way)
+deep_dives/quantization
+    int8_quantize(w: [d_in, d_out]) -> (codes: int8 [d_in, d_out], scales: [d_out])
+        symmetric int8, one scale per output column: max |w| / 127 (1 for a column of zeros), codes round(w / scale)
 
 Solutions, for teachers: `llmwalk/exercises/solutions.py`. `python -m llmwalk.exercises` checks them all.
 """

@@ -93,3 +93,15 @@ def kv_cache_step(q: Tensor, k_new: Tensor, v_new: Tensor, k_cache: Tensor, v_ca
 
 def kv_cache_bytes(n_layer: int, n_kv_head: int, d_head: int, T: int, bytes_per_number: int) -> int:
     return 2 * n_layer * n_kv_head * d_head * T * bytes_per_number     # keys and values
+
+
+def speculative_accept(p: Tensor, q: Tensor, drafted: int, u: float) -> tuple[bool, Tensor]:
+    accepted = u < min(1.0, float(p[drafted] / q[drafted]))           # keep x with probability min(1, p/q)
+    rest = (p - q).clamp(min=0)                                       # what the draft proposes too rarely
+    return accepted, rest / rest.sum()
+
+
+def int8_quantize(w: Tensor) -> tuple[Tensor, Tensor]:
+    top = w.abs().amax(dim=0)                                         # [d_out]: one scale per output column
+    scales = torch.where(top > 0, top / 127, torch.ones_like(top))    # a column of zeros: any scale will do
+    return torch.round(w / scales).to(torch.int8), scales

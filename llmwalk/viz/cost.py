@@ -89,22 +89,26 @@ def _field(obj, name: str):
     return obj[name] if isinstance(obj, dict) else getattr(obj, name)
 
 
-def speculative_timeline(rounds) -> Figure:
+def speculative_timeline(rounds, *, kept: int | None = None) -> Figure:
     """Speculative decoding round by round: drafted tokens accepted ✓ or rejected ✗, then the big model's token.
 
     Each round has `proposed` (token texts), `accepted` (how many of them the big model kept) and `extra`
-    (the token the big model adds: a bonus when all were accepted, else its own token where it rejected — its
-    top token when greedy, a resample when sampling); dicts or objects.
+    (the token the big model adds: a bonus when all guesses were accepted, a resample at the first rejection —
+    its top token when greedy — and simply its own token when nothing was guessed); dicts or objects.
+    kept: how many new tokens the generation kept (it stops at the end token); tokens past it are marked as cut.
     """
-    rows = []
+    rows, made = [], 0
     for n, r in enumerate(rounds, 1):
         proposed, accepted, extra = _field(r, "proposed"), _field(r, "accepted"), _field(r, "extra")
         chips = [Chip(token, "✓" if k < accepted else "✗", CHIP_COLORS[2] if k < accepted else "#eeeeee",
                       "none" if k < accepted else "#e45756") for k, token in enumerate(proposed)]
-        chips += [Chip("→", color=None),
-                  Chip(extra, t("viz.cost.bonus") if accepted == len(proposed) else t("viz.cost.target_token"),
-                       CHIP_COLORS[1])]
-        rows.append((t("viz.cost.spec_round", round=n, gained=accepted + 1), chips))
+        kind = "target_token" if not proposed else "bonus" if accepted == len(proposed) else "resample"
+        chips += [Chip("→", color=None), Chip(extra, t(f"viz.cost.{kind}"), CHIP_COLORS[1])]
+        gained = accepted + 1 if kept is None else max(0, min(accepted + 1, kept - made))
+        if gained < accepted + 1:       # past the end token: the round made them, the generation dropped them
+            chips.append(Chip("✂", t("viz.cost.spec_cut", n=accepted + 1 - gained), color=None))
+        made += accepted + 1
+        rows.append((t("viz.cost.spec_round", round=n, gained=gained), chips))
     return chip_figure(rows, width=None)
 
 
