@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .checks import is_int
+from .i18n import t
 from .generation import cut_at_eos, prepare
 from .kv_cache import KVCache
 from .sampling import Sampler
@@ -361,3 +362,9 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
     new, text, stopped = cut_at_eos(target, new, loop.eos_ids)    # a round may have gone on past an end token
     return SpeculativeResult(prompt_ids, new, text, rounds, stopped, len(rounds) + prefill,
                              time.perf_counter() - tic)
+
+
+def run_label(name: str) -> str:
+    """A run's name (a key of claims.cost.speculative_runs) as a table shows it, in the current language."""
+    return {"repeat": t("speculative.run.repeat"), "no copy": t("speculative.run.no_copy"),
+            "int8 draft": t("speculative.run.int8_draft")}[name]

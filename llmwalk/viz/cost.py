@@ -102,8 +102,9 @@ def speculative_timeline(rounds, *, kept: int | None = None) -> Figure:
         proposed, accepted, extra = _field(r, "proposed"), _field(r, "accepted"), _field(r, "extra")
         chips = [Chip(token, "✓" if k < accepted else "✗", CHIP_COLORS[2] if k < accepted else "#eeeeee",
                       "none" if k < accepted else "#e45756") for k, token in enumerate(proposed)]
-        kind = "target_token" if not proposed else "bonus" if accepted == len(proposed) else "resample"
-        chips += [Chip("→", color=None), Chip(extra, t(f"viz.cost.{kind}"), CHIP_COLORS[1])]
+        kind = (t("viz.cost.target_token") if not proposed else t("viz.cost.bonus") if accepted == len(proposed)
+                else t("viz.cost.resample"))
+        chips += [Chip("→", color=None), Chip(extra, kind, CHIP_COLORS[1])]
         gained = accepted + 1 if kept is None else max(0, min(accepted + 1, kept - made))
         if gained < accepted + 1:       # past the end token: the round made them, the generation dropped them
             chips.append(Chip("✂", t("viz.cost.spec_cut", n=accepted + 1 - gained), color=None))
