@@ -63,7 +63,7 @@ def time_per_token(context_lens: Sequence[int], series: dict[str, Sequence[float
 
 
 def error_histogram(errors: Tensor | dict[str, Tensor], bins: int = 100) -> Figure:
-    """Histogram of quantization errors (quantized − original), one colour per format, log counts."""
+    """Histogram of quantization errors (quantized − original), one step outline per format, log counts."""
     errors = errors if isinstance(errors, dict) else {t("viz.cost.error"): errors}
     fig = new_figure(7, 3.8 + 0.2 * len(errors))
     ax = fig.subplots()
@@ -71,11 +71,11 @@ def error_histogram(errors: Tensor | dict[str, Tensor], bins: int = 100) -> Figu
     lim = max(float(e.abs().max()) for e in errors.values()) or 1.0
     colors = {name: f"C{k}" for k, name in enumerate(errors)}     # by the caller's order, whatever the drawing order
     handles = {}
-    # widest first: a narrow distribution drawn later sits on top of the wide one instead of tinting it
+    # outlines, not filled bars: no format hides another; widest first, so a narrow one is drawn on top of it
     for name in sorted(errors, key=lambda n: -float(errors[n].abs().max())):
         e = errors[name]
-        *_, (patch,) = ax.hist(e.numpy(), bins=np.linspace(-lim, lim, bins + 1), histtype="stepfilled", log=True,
-                               fc=colors[name], ec="black", lw=0.4, alpha=0.85,
+        *_, (patch,) = ax.hist(e.numpy(), bins=np.linspace(-lim, lim, bins + 1), histtype="step", log=True,
+                               ec=colors[name], lw=1.6,
                                label=t("viz.cost.error_label", name=name, mean=f"{e.abs().mean():.2g}",
                                        max=f"{e.abs().max():.2g}"))
         handles[name] = patch
