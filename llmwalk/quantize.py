@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from .checks import is_int
+from .i18n import t
 from .walk import forward
 from .weights import Weights, tensors, to_dtype
 
@@ -342,3 +343,11 @@ def dynamic_int8_logits(model: "Model", ids: Sequence[int] | Tensor) -> Tensor:
     """Logits with int8 weights (per channel) and int8 inputs to every layer matrix (per tensor, scale from
     max |x|), the way torch's quantize_dynamic works.  # [T] -> [T, vocab]"""
     return forward(quantize_activations(quantize_model(model, 8)), ids, record=False).logits
+
+
+def format_label(name: str) -> str:
+    """A format's name (one of analysis.FORMATS) as a table shows it, in the current language."""
+    return {"bf16": t("quantize.format.bf16"), "int8": t("quantize.format.int8"),
+            "int4 g32 symmetric": t("quantize.format.int4_g32_symmetric"),
+            "int4 g32 asymmetric": t("quantize.format.int4_g32_asymmetric"),
+            "int8 weights + int8 activations": t("quantize.format.int8_activations")}[name]

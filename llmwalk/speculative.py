@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .checks import is_int
+from .i18n import t
 from .generation import cut_at_eos, prepare
 from .kv_cache import KVCache
 from .sampling import Sampler
@@ -52,14 +53,82 @@ def draw(weights: Tensor, generator: torch.Generator | None = None) -> int:
     return int(torch.multinomial(weights, 1, generator=generator))
 
 
+def residual(p: Tensor, q: Tensor) -> Tensor:
+    """What a rejected guess is replaced by: max(0, p − q), normalised to sum to 1.  # [V], [V] -> [V]
+
+    The tokens the draft proposes too rarely (p > q), in proportion to the missing mass. Where p = q everywhere
+    the residual is empty (and never needed: every guess is then accepted); float rounding of two near-equal rows
+    can leave it empty too, and then p itself is returned.
+    """
+    rest = (p - q).clamp(min=0)
+    total = rest.sum()
+    return rest / total if total > 0 else p
+
+
+def speculative_accept(p: Tensor, q: Tensor, drafted: int, u: float) -> tuple[bool, Tensor]:
+    """The accept/reject rule for one drafted token x, given a uniform number u in [0, 1).  # [V], [V], int, float -> (bool, [V])
+
+    Accepted when u < min(1, p(x) / q(x)): always when the target likes x at least as much as the draft, else
+    with probability p(x) / q(x). The second output is the residual a rejected x is replaced by (returned
+    either way). The min(1, ·) only says a probability cannot exceed 1: with u < 1 the test is the same without it.
+    """
+    return u < min(1.0, float(p[drafted] / q[drafted])), residual(p, q)
+
+
+def speculative_sample(p: Tensor, q: Tensor, generator: torch.Generator | None = None, *,
+                       accept=speculative_accept) -> int:
+    """One token the speculative way: draw x from the draft's q, keep it by the rule, else draw from the residual.
+
+    Its distribution is p's: P(x) = q(x) · min(1, p(x)/q(x)) + P(reject) · residual(x) = min(q, p)(x) +
+    (p − q)⁺(x) = p(x). `accept` (the rule, same signature as speculative_accept) is there to try a wrong one.
+    # [V], [V] -> int
+    """
+    x = draw(q, generator)
+    accepted, rest = accept(p, q, x, float(torch.rand((), generator=generator)))
+    return x if accepted else draw(rest, generator)
+
+
+def acceptance_rate(p: Tensor, q: Tensor) -> Tensor:
+    """The probability that a guess drawn from q is accepted: Σ_x q(x) · min(1, p(x)/q(x)) = Σ_x min(p(x), q(x)).
+
+    That is 1 − the total variation distance between the two distributions.  # [..., V], [..., V] -> [...]
+    """
+    return torch.minimum(p, q).sum(-1)
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """Tokens a round yields on average when each guess is accepted with probability alpha, independently:
+    1 + α + α² + … + α^k = (1 − α^(k+1)) / (1 − α) (Leviathan et al. 2023, eq. 1)."""
+    return float(k + 1) if alpha == 1 else (1 - alpha ** (k + 1)) / (1 - alpha)
+
+
+def chi_square_pvalue(counts: Tensor, probs: Tensor, min_expected: float = 5.0) -> float:
+    """Pearson's chi-square test that `counts` were drawn from `probs`: the chance of a deviation at least this
+    large if they were (a small value rejects).  # [V], [V] -> float
+
+    Tokens expected fewer than `min_expected` times are pooled into one category (the test needs a few per
+    category); a count on a token of probability 0 is impossible under probs and gives 0.
+    """
+    counts, probs = counts.double(), probs.double()
+    if (counts[probs == 0] > 0).any():
+        return 0.0
+    expected = probs * counts.sum()
+    big = expected >= min_expected
+    obs = torch.cat([counts[big], counts[~big].sum()[None]])
+    exp = torch.cat([expected[big], expected[~big].sum()[None]])
+    obs, exp = obs[exp > 0], exp[exp > 0]
+    stat = ((obs - exp) ** 2 / exp).sum()
+    return float(torch.special.gammaincc(torch.tensor((len(exp) - 1) / 2, dtype=torch.double), stat / 2))
+
+
 def verify(p_target: Tensor, p_draft: Tensor | None, drafted: Sequence[int],
            generator: torch.Generator | None = None) -> tuple[int, int]:
     """Keep a prefix of the drafted tokens, then pick one more.  # [k+1, V], [k, V] | None, [k] -> (accepted, token)
 
-    Drafted token x_i is accepted with probability min(1, p_i(x_i) / q_i(x_i)), p the target's distribution and q
-    the draft's (one-hot when p_draft is None: a deterministic draft). At the first rejection the token is drawn
-    from the residual max(0, p_i − q_i), renormalized; when all k are accepted, from p_k (the bonus token). Each
-    output token then follows p exactly: P(x) = min(q(x), p(x)) + P(reject) · residual(x) = p(x).
+    Drafted token x_i is judged by speculative_accept with p_i the target's distribution and q_i the draft's
+    (one-hot when p_draft is None: a deterministic draft). At the first rejection the token is drawn from the
+    residual max(0, p_i − q_i), normalised; when all k are accepted, from p_k (the bonus token). Each output token
+    then follows p exactly (speculative_sample).
     """
     k = len(drafted)
     bad = [x for x in drafted if not is_int(x) or not 0 <= x < p_target.shape[-1]]
@@ -72,11 +141,12 @@ def verify(p_target: Tensor, p_draft: Tensor | None, drafted: Sequence[int],
                          f"{list(p_target.shape)} and {list(q.shape)}: the draft must share the target's vocabulary")
     for i, x in enumerate(drafted):
         ratio = float(p_target[i, x] / q[i, x])
-        # Draw a uniform number only when the outcome is uncertain, so that greedy decoding needs no generator.
-        if ratio < 1 and not (ratio > 0 and float(torch.rand((), generator=generator)) < ratio):
-            residual = (p_target[i] - q[i]).clamp(min=0)
-            # p != q makes the residual positive somewhere; float rounding of two near-equal rows might not.
-            return i, draw(residual if residual.any() else p_target[i], generator)
+        # Draw a uniform number only when the outcome is uncertain, so that greedy decoding needs no generator
+        # (u = 0 accepts a ratio >= 1 and rejects a ratio of 0, as any u would).
+        u = float(torch.rand((), generator=generator)) if 0 < ratio < 1 else 0.0
+        accepted, rest = speculative_accept(p_target[i], q[i], x, u)
+        if not accepted:
+            return i, draw(rest, generator)
     return k, draw(p_target[k], generator)
 
 
@@ -201,7 +271,7 @@ class Round:
     accepted: int                   # how many drafted tokens the target kept, from the first
     extra_id: int
     extra: str                      # the target's own token after them
-    bonus: bool                     # all accepted: extra drawn from the target's next distribution, else resampled
+    bonus: bool                     # guesses made and all accepted: extra drawn from the target's next distribution
     draft_forward_passes: int
     draft_seconds: float = field(compare=False)
     seconds: float = field(compare=False)
@@ -252,8 +322,9 @@ def _round(target: "Model", draft: Draft, ids: list[int], cache: KVCache, k: int
     cache.truncate(len(ids) + accepted)
     draft.rollback(len(ids) + accepted)
     *proposed, piece = target.tokenizer.pieces(drafted + [extra])
-    return Round(drafted, proposed, accepted, extra, piece, accepted == len(drafted), proposal.forward_passes,
-                 draft_seconds, time.perf_counter() - tic)
+    bonus = bool(drafted) and accepted == len(drafted)
+    return Round(drafted, proposed, accepted, extra, piece, bonus, proposal.forward_passes, draft_seconds,
+                 time.perf_counter() - tic)
 
 
 def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[int] | Tensor, *, k: int = 4,
@@ -291,3 +362,9 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
     new, text, stopped = cut_at_eos(target, new, loop.eos_ids)    # a round may have gone on past an end token
     return SpeculativeResult(prompt_ids, new, text, rounds, stopped, len(rounds) + prefill,
                              time.perf_counter() - tic)
+
+
+def run_label(name: str) -> str:
+    """A run's name (a key of claims.cost.speculative_runs) as a table shows it, in the current language."""
+    return {"repeat": t("speculative.run.repeat"), "no copy": t("speculative.run.no_copy"),
+            "int8 draft": t("speculative.run.int8_draft")}[name]

@@ -208,7 +208,7 @@ def test_rounds_account_for_every_token(smollm2, drafts, plain):
         for r in result.rounds:
             assert r.proposed == smollm2.tokenizer.pieces(r.proposed_ids)
             assert r.extra == smollm2.tokenizer.pieces([r.extra_id])[0]
-            assert r.bonus == (r.accepted == len(r.proposed_ids))
+            assert r.bonus == (len(r.proposed_ids) > 0 and r.accepted == len(r.proposed_ids))
     drawn = [t.get_text() for t in viz.speculative_timeline(result.rounds).findobj(matplotlib.text.Text)]
     assert drawn.count("✓") == sum(r.accepted for r in result.rounds)
 

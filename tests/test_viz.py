@@ -386,12 +386,16 @@ def test_speculative_timeline():
               {"proposed": [" is", " the"], "accepted": 2, "extra": " capital"}]
     drawn = texts(viz.speculative_timeline(rounds))
     assert drawn.count("✓") == 4 and drawn.count("✗") == 1
-    assert drawn.count("target's token") == 1 and drawn.count("bonus") == 1      # round 1 rejected, round 2 not
+    assert drawn.count("resample") == 1 and drawn.count("bonus") == 1      # round 1 rejected, round 2 not
     assert "round 1\ntokens +3" in drawn and "round 2\ntokens +3" in drawn
     one = texts(viz.speculative_timeline([{"proposed": [" of"], "accepted": 0, "extra": " France"}]))
     assert "round 1\ntokens +1" in one                                   # reads right for one token as for three
+    none = texts(viz.speculative_timeline([{"proposed": [], "accepted": 0, "extra": " France"}]))
+    assert "target's token" in none and "bonus" not in none               # nothing guessed: no bonus either
+    cut = texts(viz.speculative_timeline(rounds, kept=4))                 # the generation stopped after 4 tokens
+    assert "round 2\ntokens +1" in cut and "2 cut: after the end token" in cut
     zh = texts(in_chinese(lambda: viz.speculative_timeline(rounds)))
-    assert "目标模型的词块" in zh and "白送一个" in zh and "第 1 轮\n词块 +3" in zh
+    assert "重采样" in zh and "奖励词块" in zh and "第 1 轮\n词块 +3" in zh
 
 
 def test_stage_timeline(trace, model):

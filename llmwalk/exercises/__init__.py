@@ -59,6 +59,13 @@ deep_dives/interventions
     split_logit(embedding: [d], writes: [n, d], norm_weight: [d], unembed: [d], eps: float) -> [n + 1]
         direct logit attribution: each write's part of one logit through the final RMSNorm, whose scale is the
         whole stream's (embedding + every write), frozen; the embedding's part first; the parts sum to the logit
+deep_dives/speculative_decoding
+    speculative_accept(p: [V], q: [V], drafted: int, u: float) -> (accepted: bool, residual: [V])
+        the accept/reject rule for one drafted token x: accept when u < min(1, p(x) / q(x)); the residual
+        max(0, p − q), normalised, is what a rejected guess is replaced by (returned either way)
+deep_dives/quantization
+    int8_quantize(w: [d_in, d_out]) -> (codes: int8 [d_in, d_out], scales: [d_out])
+        symmetric int8, one scale per output column: max |w| / 127 (1 for a column of zeros), codes round(w / scale)
 
 Solutions, for teachers: `llmwalk/exercises/solutions.py`. `python -m llmwalk.exercises` checks them all.
 """

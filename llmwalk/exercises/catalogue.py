@@ -18,6 +18,8 @@ from .. import (Block, Config, Linear, Model, Norm, Weights, apply_rope, apply_t
                 norm, rms_norm, rope_angles, softmax, token_embedding, top_k_filter, top_p_filter)
 from ..attribution import direct_parts
 from ..i18n import t
+from ..quantize import quantize_tensor
+from ..speculative import speculative_accept
 from .grader import Case, Exercise
 
 INF = float("inf")
@@ -778,6 +780,79 @@ def _split_logit_diagnose(case: Case, expected, got) -> str | None:
     })
 
 
+
+# ---------------------------------------------------------------- deep dive: speculative decoding
+
+# A target p and a draft q over six tokens: the draft overrates token 1 (p/q = 0.44) and underrates token 0
+# (p/q = 4); the target never picks token 5. Residual max(0, p − q) = [0.3, 0, 0.05, 0, 0, 0], normalised.
+_P = torch.tensor([0.40, 0.20, 0.25, 0.10, 0.05, 0.00])
+_Q = torch.tensor([0.10, 0.45, 0.20, 0.10, 0.10, 0.05])
+
+
+def _accept_cases() -> list[Case]:
+    p, q = torch.softmax(_randn(50, seed=180, scale=2), -1), torch.softmax(_randn(50, seed=181, scale=2), -1)
+    x = int((q - p).argmax())                  # the token the draft overrates most: a ratio well below 1
+    u = 0.5 * float(p[x] / q[x])               # half the ratio: accepted
+    def case(ratio: str, u: float) -> str:
+        return t("exercises.speculative_accept.case.ratio", ratio=ratio, u=u)
+    return [Case(case("0.44", 0.3), (_P, _Q, 1, 0.3), t("exercises.speculative_accept.hint.below")),
+            Case(case("0.44", 0.7), (_P, _Q, 1, 0.7), t("exercises.speculative_accept.hint.ratio")),
+            Case(case("4", 0.95), (_P, _Q, 0, 0.95), t("exercises.speculative_accept.hint.always")),
+            Case(t("exercises.speculative_accept.case.never"), (_P, _Q, 5, 0.0),
+                 t("exercises.speculative_accept.hint.strict")),
+            Case(t("exercises.speculative_accept.case.random"), (p, q, x, u),
+                 t("exercises.speculative_accept.hint.below"))]
+
+
+def _accept_diagnose(case: Case, expected, got) -> str | None:
+    if not isinstance(got, tuple) or len(got) != 2 or _close(got[1], expected[1]):
+        return None                            # the residual is right: the case's own hint names the decision
+    p, q = case.args[:2]
+    rest, swapped = (p - q).clamp(min=0), (q - p).clamp(min=0)
+    return _first_match(got[1], {t("exercises.speculative_accept.hint.residual_p"): p,
+                                 t("exercises.speculative_accept.hint.unnormalised"): rest,
+                                 t("exercises.speculative_accept.hint.swapped"): swapped / swapped.sum(),
+                                 t("exercises.speculative_accept.hint.no_clamp"): p - q})
+
+
+# ---------------------------------------------------------------- deep dive: quantization
+
+def _int8_reference(w: Tensor) -> tuple[Tensor, Tensor]:
+    q = quantize_tensor(w, 8)                  # one scale per output column
+    return q.int_codes(), q.scales[0]
+
+
+def _int8_cases() -> list[Case]:
+    w = torch.tensor([[0.51, -0.21], [-1.0, 0.1], [0.26, 0.4], [0.75, -0.05]])     # no code half-way
+    between = torch.tensor([[1.27], [0.0361], [-0.0361], [-0.0349]])     # codes 127, 3.61, −3.61, −3.49
+    zero = torch.tensor([[0.31, 0.0], [-0.6, 0.0], [0.2, 0.0]])
+    return [Case(t("exercises.int8_quantize.case.small"), (w,), t("exercises.int8_quantize.hint.formula")),
+            Case(t("exercises.int8_quantize.case.between"), (between,), t("exercises.int8_quantize.hint.round")),
+            Case(t("exercises.int8_quantize.case.zero"), (zero,), t("exercises.int8_quantize.hint.zero")),
+            Case(t("exercises.int8_quantize.case.layer"), (_randn(64, 32, seed=190, scale=0.05),),
+                 t("exercises.int8_quantize.hint.formula"))]
+
+
+def _int8_diagnose(case: Case, expected, got) -> str | None:
+    if not isinstance(got, tuple) or len(got) != 2 or not all(isinstance(g, Tensor) for g in got):
+        return None
+    (w,), (codes, scales) = case.args, got
+    if scales.shape == w.shape[:1] != w.shape[1:]:
+        return t("exercises.int8_quantize.hint.per_row")
+    if _close(codes.float(), expected[0].float()):
+        # the codes are right: the scales are not (a zero column's 0), or the codes' dtype is not int8
+        return None if codes.dtype == torch.int8 else t("exercises.int8_quantize.hint.dtype")
+    top = w.abs().amax(0)
+    s = torch.where(top > 0, top / 127, torch.ones_like(top))
+    variants = {t("exercises.int8_quantize.hint.scale_128"): (w / torch.where(top > 0, top / 128, 1)).round()
+                .clamp(-128, 127),
+                t("exercises.int8_quantize.hint.trunc"): (w / s).trunc(),
+                t("exercises.int8_quantize.hint.floor"): (w / s).floor(),
+                t("exercises.int8_quantize.hint.per_tensor"): (w / (w.abs().max() / 127)).round(),
+                t("exercises.int8_quantize.hint.no_127"): (w / torch.where(top > 0, top, 1)).round()}
+    return _first_match(codes.float(), variants)
+
+
 EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
     Exercise("bpe", "02_tokenization", "bpe(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]",
              ("piece", "ranks"), 20, _bpe_reference, _bpe_cases, _bpe_diagnose),
@@ -832,4 +907,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
              "split_logit(embedding: [d], writes: [n, d], norm_weight: [d], unembed: [d], eps: float) -> [n + 1]",
              ("embedding", "writes", "norm_weight", "unembed", "eps"), 15, _split_logit_reference,
              _split_logit_cases, _split_logit_diagnose),
+    Exercise("speculative_accept", "deep_dives/speculative_decoding",
+             "speculative_accept(p: [V], q: [V], drafted: int, u: float) -> (accepted: bool, residual: [V])",
+             ("p", "q", "drafted", "u"), 15, speculative_accept, _accept_cases, _accept_diagnose),
+    Exercise("int8_quantize", "deep_dives/quantization",
+             "int8_quantize(w: [d_in, d_out]) -> (codes: int8 [d_in, d_out], scales: [d_out])",
+             ("w",), 10, _int8_reference, _int8_cases, _int8_diagnose),
 ]}

@@ -154,3 +154,15 @@ def split_logit(embedding: Tensor, writes: Tensor, norm_weight: Tensor, unembed:
     stream = every.sum(0)                                              # what the final norm saw
     scale = 1 / torch.sqrt(stream.pow(2).mean() + eps)                 # the run's 1/rms, frozen: one number
     return scale * (every * norm_weight) @ unembed                     # [n + 1], summing to the logit
+
+
+def speculative_accept(p: Tensor, q: Tensor, drafted: int, u: float) -> tuple[bool, Tensor]:
+    accepted = u < min(1.0, float(p[drafted] / q[drafted]))           # keep x with probability min(1, p/q)
+    rest = (p - q).clamp(min=0)                                       # what the draft proposes too rarely
+    return accepted, rest / rest.sum()
+
+
+def int8_quantize(w: Tensor) -> tuple[Tensor, Tensor]:
+    top = w.abs().amax(dim=0)                                         # [d_out]: one scale per output column
+    scales = torch.where(top > 0, top / 127, torch.ones_like(top))    # a column of zeros: any scale will do
+    return torch.round(w / scales).to(torch.int8), scales

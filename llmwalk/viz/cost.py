@@ -63,7 +63,7 @@ def time_per_token(context_lens: Sequence[int], series: dict[str, Sequence[float
 
 
 def error_histogram(errors: Tensor | dict[str, Tensor], bins: int = 100) -> Figure:
-    """Histogram of quantization errors (quantized − original), one colour per format, log counts."""
+    """Histogram of quantization errors (quantized − original), one step outline per format, log counts."""
     errors = errors if isinstance(errors, dict) else {t("viz.cost.error"): errors}
     fig = new_figure(7, 3.8 + 0.2 * len(errors))
     ax = fig.subplots()
@@ -71,11 +71,11 @@ def error_histogram(errors: Tensor | dict[str, Tensor], bins: int = 100) -> Figu
     lim = max(float(e.abs().max()) for e in errors.values()) or 1.0
     colors = {name: f"C{k}" for k, name in enumerate(errors)}     # by the caller's order, whatever the drawing order
     handles = {}
-    # widest first: a narrow distribution drawn later sits on top of the wide one instead of tinting it
+    # outlines, not filled bars: no format hides another; widest first, so a narrow one is drawn on top of it
     for name in sorted(errors, key=lambda n: -float(errors[n].abs().max())):
         e = errors[name]
-        *_, (patch,) = ax.hist(e.numpy(), bins=np.linspace(-lim, lim, bins + 1), histtype="stepfilled", log=True,
-                               fc=colors[name], ec="black", lw=0.4, alpha=0.85,
+        *_, (patch,) = ax.hist(e.numpy(), bins=np.linspace(-lim, lim, bins + 1), histtype="step", log=True,
+                               ec=colors[name], lw=1.6,
                                label=t("viz.cost.error_label", name=name, mean=f"{e.abs().mean():.2g}",
                                        max=f"{e.abs().max():.2g}"))
         handles[name] = patch
@@ -89,22 +89,27 @@ def _field(obj, name: str):
     return obj[name] if isinstance(obj, dict) else getattr(obj, name)
 
 
-def speculative_timeline(rounds) -> Figure:
+def speculative_timeline(rounds, *, kept: int | None = None) -> Figure:
     """Speculative decoding round by round: drafted tokens accepted ✓ or rejected ✗, then the big model's token.
 
     Each round has `proposed` (token texts), `accepted` (how many of them the big model kept) and `extra`
-    (the token the big model adds: a bonus when all were accepted, else its own token where it rejected — its
-    top token when greedy, a resample when sampling); dicts or objects.
+    (the token the big model adds: a bonus when all guesses were accepted, a resample at the first rejection —
+    its top token when greedy — and simply its own token when nothing was guessed); dicts or objects.
+    kept: how many new tokens the generation kept (it stops at the end token); tokens past it are marked as cut.
     """
-    rows = []
+    rows, made = [], 0
     for n, r in enumerate(rounds, 1):
         proposed, accepted, extra = _field(r, "proposed"), _field(r, "accepted"), _field(r, "extra")
         chips = [Chip(token, "✓" if k < accepted else "✗", CHIP_COLORS[2] if k < accepted else "#eeeeee",
                       "none" if k < accepted else "#e45756") for k, token in enumerate(proposed)]
-        chips += [Chip("→", color=None),
-                  Chip(extra, t("viz.cost.bonus") if accepted == len(proposed) else t("viz.cost.target_token"),
-                       CHIP_COLORS[1])]
-        rows.append((t("viz.cost.spec_round", round=n, gained=accepted + 1), chips))
+        kind = (t("viz.cost.target_token") if not proposed else t("viz.cost.bonus") if accepted == len(proposed)
+                else t("viz.cost.resample"))
+        chips += [Chip("→", color=None), Chip(extra, kind, CHIP_COLORS[1])]
+        gained = accepted + 1 if kept is None else max(0, min(accepted + 1, kept - made))
+        if gained < accepted + 1:       # past the end token: the round made them, the generation dropped them
+            chips.append(Chip("✂", t("viz.cost.spec_cut", n=accepted + 1 - gained), color=None))
+        made += accepted + 1
+        rows.append((t("viz.cost.spec_round", round=n, gained=gained), chips))
     return chip_figure(rows, width=None)
 
 
