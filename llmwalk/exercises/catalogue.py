@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import (Norm, apply_rope, apply_temperature, causal_mask, gpt2_config, gpt2_tokenizer, greedy, kv_cache_bytes,
-                layer_norm, lm_head, rms_norm, rope_angles, softmax, token_embedding, top_k_filter, top_p_filter)
+from .. import (Norm, apply_temperature, causal_mask, gpt2_config, gpt2_tokenizer, greedy, kv_cache_bytes,
+                layer_norm, lm_head, rms_norm, softmax, token_embedding, top_k_filter, top_p_filter)
 from ..i18n import t
+from ..embedding import apply_rope, rope_angles
 from .grader import Case, Exercise
 
 INF = float("inf")
