@@ -106,3 +106,19 @@ def test_token_gaps_match_the_forward_pass(smollm2):
         j = ids_b.index(token)
         expected = float((a[i] - b[j]).abs().max() / a.abs().max())
         assert o["token_gaps"]["mask_and_position"][i] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_the_papers_pairs_are_rotate_half_with_the_dimensions_reordered():
+    """Notebook 03 §5.1: the RoFormer paper's adjacent pairs differ from llmwalk's rotate-half, yet are the same
+    rotation once even dimensions go first and odd ones after; dot products, hence attention scores, agree."""
+    gen = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 6, 64, generator=gen), torch.randn(2, 6, 64, generator=gen)
+    positions, base = torch.arange(6), 100000.0
+    perm = torch.cat([torch.arange(0, 64, 2), torch.arange(1, 64, 2)])
+    cos, sin = lw.rope_angles(positions, 64, base)
+    paper_q = _complex_rope(q, positions, base, adjacent=True)
+    assert not torch.allclose(paper_q, lw.apply_rope(q, cos, sin), atol=1e-3)
+    assert torch.allclose(paper_q[..., perm], lw.apply_rope(q[..., perm], cos, sin), atol=1e-5)
+    paper_k = _complex_rope(k, positions, base, adjacent=True)
+    half_q, half_k = lw.apply_rope(q[..., perm], cos, sin), lw.apply_rope(k[..., perm], cos, sin)
+    assert torch.allclose(paper_q @ paper_k.transpose(-1, -2), half_q @ half_k.transpose(-1, -2), atol=1e-4)

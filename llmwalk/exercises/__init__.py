@@ -27,7 +27,7 @@ The exercises, by notebook (tensors are float32 unless said otherwise):
     embed(ids: [T] int64, table: [vocab, d]) -> [T, d]                one row of the table per token
     cosine_similarity(a: [..., d], b: [..., d]) -> [...]              a·b / (|a| |b|) over the last dim, broadcast
     apply_rope(x: [n_head, T, d_head], positions: [T] int64, base: float) -> [n_head, T, d_head]
-        rotate each pair (x_i, x_{i+d/2}) by positions · base^(-2i/d) radians (rotate-half, as SmolLM2's weights)
+        rotate each pair (x_i, x_{i+d/2}) by positions · base^(-2i/d) radians (rotate-half, as llmwalk and Hugging Face's Llama)
 04_layers
     causal_mask(T: int) -> bool [T, T]                                True where query i may look at key j
     attention(q, k, v: [n_head, T, d_head]) -> [n_head, T, d_head]    causal scaled dot-product attention
