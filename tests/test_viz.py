@@ -317,7 +317,7 @@ def test_surgery_plot_titles(logits, tok):
     fig = viz.surgery_plot(logits, tok, temperature=0.7, top_k=20, top_p=0.8, n=6)
     steps = surgery(logits, 0.7, 20, 0.8)
     assert len(fig.axes) == 5
-    names = ["logits", "÷T", "softmax", "top-k", "top-p (renormalized)"]
+    names = ["logits (entropy at T = 1)", "÷T", "softmax", "top-k (renormalized)", "top-p (renormalized)"]
     for ax, step, name in zip(fig.axes, steps, names):
         assert ax.get_title().startswith(f"{name}\nkept {step.kept} ·")
         assert f"entropy {step.entropy:.2f} nats" in ax.get_title()
@@ -326,7 +326,7 @@ def test_surgery_plot_titles(logits, tok):
         zh = [ax.get_title().split("\n")[0] for ax in viz.surgery_plot(logits, tok, 0.7, 20, 0.8, n=6).axes]
     finally:
         lw.set_language("en")
-    assert zh == ["logits", "÷T", "Softmax", "Top-K", "Top-P（重新归一化）"]
+    assert zh == ["logits（熵按 T = 1 算）", "÷T", "Softmax", "Top-K（重新归一化）", "Top-P（重新归一化）"]
 
 
 def test_sample_histogram_matches_probabilities(logits, tok):

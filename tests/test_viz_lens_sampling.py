@@ -139,6 +139,18 @@ def test_prob_bars_labels_clear_of_the_line_and_legend_clear_of_bars(trace, mode
         assert not legend.overlaps(box)
 
 
+@pytest.mark.parametrize("kw", [dict(top_k=5), dict(top_k=2), dict(top_p=0.2), dict(top_k=1)])
+def test_a_cut_label_covers_neither_the_line_nor_a_bar(model, wide, kw):
+    """The "✂ top-k = 5" box sits clear of the running-total line and of the bars beside the cut (06's figures)."""
+    fig = viz.prob_bars(wide, model.tokenizer, n=12, **kw)
+    renderer = drawn(fig)
+    ax = fig.axes[0]
+    box, = [t.get_window_extent(renderer) for t in ax.texts if t.get_gid() == "cut"]
+    x, y = line_points(ax, ax.lines[0]).T
+    assert not ((x >= box.x0) & (x <= box.x1) & (y >= box.y0) & (y <= box.y1)).any()
+    assert not any(box.overlaps(bar) for bar in bar_boxes(fig, ax))
+
+
 def test_sampling_panel_says_what_bars_and_line_are(model, wide):
     fig = viz.sampling_panel(wide, model.tokenizer, temperature=0.7, top_k=50, top_p=0.9)
     ax = fig.axes[0]
@@ -205,7 +217,8 @@ def test_sampling_panel_bottom_panels_evenly_spaced(model, wide):
 
 def test_surgery_writes_each_value_instead_of_x_ticks(model):
     """Each bar of the five stages has its value written after it (a cut one says so), so the stages carry no x
-    ticks; a negative logit's bar starts at a line at 0, its value on the bar's left, inside the axes."""
+    ticks; the logits and ÷T stages draw logit − max (so ÷T's wider gaps show), every bar but the top one going left
+    from a line at 0, its value on the bar's left, inside the axes."""
     logits = torch.full((model.config.vocab_size,), -3.0)
     logits[:6] = torch.tensor([2.0, 1.5, 1.0, 0.5, -0.5, -1.5])
     n = 6
@@ -214,15 +227,18 @@ def test_surgery_writes_each_value_instead_of_x_ticks(model):
     for k, (ax, step) in enumerate(zip(fig.axes, lw.sampling.surgery(logits, 0.5, 3, 0.9))):
         assert list(ax.get_xticks()) == [], step.name
         kept = step.logits[:n].isfinite().tolist()
-        values = (step.logits if k < 2 else step.probs)[:n].tolist()
+        values = (step.logits - step.logits.max() if k < 2 else step.probs)[:n].tolist()
         fmt = "{:.2f}" if k < 2 else "{:.3f}"
         assert [t.get_text().strip() if t.get_visible() else None for t in ax.texts[:n]] == \
             [fmt.format(v) if f else None for v, f in zip(values, kept)], step.name
         assert [t.get_visible() for t in ax.texts[n:]] == [not f for f in kept], step.name      # "✂ cut"
+    widths = []
     for ax in fig.axes[:2]:                     # logits and ÷T: bars from 0, which a line marks
         zero, = ax.lines
         assert list(zero.get_xdata()) == [0, 0] and ax.get_xlim()[0] < 0 < ax.get_xlim()[1]
-        assert sum(p.get_width() < 0 for p in ax.patches) == 2
+        assert sum(p.get_width() < 0 for p in ax.patches) == n - 1 and ax.patches[0].get_width() == 0
+        widths.append([p.get_width() for p in ax.patches])
         left = [t for t in ax.texts[:n] if t.get_text().strip().startswith("-")]
-        assert len(left) == 2 and all(t.get_horizontalalignment() == "right" for t in left)
+        assert len(left) == n - 1 and all(t.get_horizontalalignment() == "right" for t in left)
         assert all(t.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x0 for t in left)
+    assert widths[1] == pytest.approx([w / 0.5 for w in widths[0]])     # T = 0.5 doubles every gap to the top

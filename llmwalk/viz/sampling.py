@@ -45,7 +45,7 @@ def _settings(temperature, top_k=None, top_p=None, min_p=None) -> str:
     """'T = 0.7, top-k = 50, top-p = 0.9': the settings in effect, for a title or label."""
     parts = [f"T = {temperature:g}"] + [f"{name} = {value:g}" for name, value in
                                        (("top-k", top_k), ("top-p", top_p), ("min-p", min_p)) if value is not None]
-    return ", ".join(parts)
+    return t("viz.sampling.settings_sep").join(parts)
 
 
 def _prob_bars(ax, logits: Tensor, tokenizer, n: int) -> None:
@@ -55,6 +55,14 @@ def _prob_bars(ax, logits: Tensor, tokenizer, n: int) -> None:
     _values_at_right(ax)
     ax.plot(np.zeros(len(ids)), range(len(ids)), color="#f58518", marker=".", lw=1, label=t("viz.sampling.cumulative"))
     _legend_below(ax, [ax.containers[0], ax.lines[0]], ["bars", "line"])
+
+
+def _clear_x(line: np.ndarray, bars: np.ndarray) -> float:
+    """Where (axes fraction) a cut's label box goes: the place farthest from the running-total line's points and
+    from the ends of the bars on the two rows beside the cut, so the box covers neither."""
+    def room(x: float) -> float:
+        return min([*np.abs(x - line), *(x - bars)])       # a bar fills [0, its end]: only its right is free
+    return max((0.3, 0.55, 0.8), key=room)
 
 
 def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min_p, chosen: int | None,
@@ -76,14 +84,16 @@ def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min
     ax.lines[0].set_xdata(running)
     # The axis ends just past the running total (the longest thing drawn), so a flat distribution's bars (T = 2)
     # fill the width instead of its left eighth; a running total of probabilities never passes 1: at most 1.05.
-    ax.set_xlim(0, min(1.05, 1.15 * max(running[-1], 0.05)))
+    right = min(1.05, 1.15 * max(running[-1], 0.05))
+    ax.set_xlim(0, right)
     marks: dict[int, list[str]] = {}
     for name, count in left.items():
         marks.setdefault(count, []).append(name)
     for count, names in marks.items():
         if count < len(ids):
             ax.axhline(count - 0.5, color="#222", ls="--", lw=1, gid="cut")
-            ax.text(0.55, count - 0.5, "✂ " + " · ".join(names), ha="center", va="center", fontsize=8, gid="cut",
+            ax.text(_clear_x(running[count - 1:count + 1] / right, values[count - 1:count + 1] / right), count - 0.5,
+                    "✂ " + " · ".join(names), ha="center", va="center", fontsize=8, gid="cut",
                     transform=ax.get_yaxis_transform(), bbox=dict(fc="white", ec="#222", boxstyle="round"))
     temp = f"{temperature or 1:g}"
     cuts = (" · ".join(t("viz.sampling.keeps", cut=name, count=f"{count:,}") for name, count in left.items())
@@ -129,7 +139,7 @@ def _surgery(axes, logits: Tensor, tokenizer, n: int) -> None:
         token_bars(ax, names, np.zeros(len(ids)), KEPT)
         for y in range(len(ids)):
             ax.text(0, y, t("viz.sampling.cut"), va="center", fontsize=8, color="#888", visible=False)
-        ax.set_xlabel("logit" if k < 2 else t("viz.sampling.probability"), fontsize=8)
+        ax.set_xlabel(t("viz.sampling.logit_minus_max") if k < 2 else t("viz.sampling.probability"), fontsize=8)
         ax.set_xticks([])                 # every bar has its value written after it: ticks would say it twice
         if k < 2:
             ax.axvline(0, color="#888", lw=0.8)           # where a bar starts when a logit is negative
@@ -146,13 +156,15 @@ def _stage_name(stage: str) -> str:
 
 
 def _set_surgery(axes, logits: Tensor, temperature: float, top_k, top_p) -> list:
-    """Bars of each stage of sampling.surgery: logits, ÷T, then probabilities on one shared scale. Returns the
+    """Bars of each stage of sampling.surgery: logits and ÷T as logit − max (softmax ignores a shift, so only the
+    gaps matter: from 0 they would look alike whatever T does), then probabilities on one shared scale. Returns the
     artists other settings change: all but the first stage's (the logits themselves)."""
     steps = surgery(logits, temperature, top_k, top_p)
     n = len(axes[0].patches)
-    ids = logits.topk(n).indices
-    shown = [np.where(np.isfinite(step.logits[ids].numpy()), (step.logits if k < 2 else step.probs)[ids].float()
-                      .numpy(), np.nan) for k, step in enumerate(steps)]
+    ids = logits.topk(n).indices            # the top token is among them: its logit − max is 0
+    shown = [np.where(np.isfinite(step.logits[ids].numpy()),
+                      (step.logits[ids] - step.logits.max() if k < 2 else step.probs[ids]).float().numpy(), np.nan)
+             for k, step in enumerate(steps)]
     top_prob = max(np.nanmax(v, initial=0) for v in shown[2:])
     for k, (ax, step, values) in enumerate(zip(axes, steps, shown)):
         fmt = "{:.2f}" if k < 2 else "{:.3f}"
@@ -162,9 +174,9 @@ def _set_surgery(axes, logits: Tensor, temperature: float, top_k, top_p) -> list
             text.set(x=v if finite else 0, text=" " + fmt.format(v), visible=finite,
                      horizontalalignment="left" if not finite or v >= 0 else "right")
             cut.set_visible(not finite)
-        if k < 2:                         # the bars, and 20% of their span on each side for the values
-            lo, hi = min(0.0, np.nanmin(values)), max(0.0, np.nanmax(values))
-            ax.set_xlim(lo - 0.2 * (hi - lo) * (lo < 0), hi + 0.2 * (hi - lo) * (hi > 0))
+        if k < 2:                         # bars to the left of 0, room for the values on both sides
+            lo = min(-1e-3, np.nanmin(values))
+            ax.set_xlim(1.25 * lo, -0.2 * lo)
         else:                             # one scale for the three probability stages, room for the values
             ax.set_xlim(0, top_prob * 1.35)
         ax.set_title(t("viz.sampling.stage", stage=_stage_name(step.name), kept=step.kept,
