@@ -238,6 +238,9 @@ WRONG = [  # (exercise, wrong function, the case it must fail on, a word the hin
     ("swiglu_ffn", lambda x, wg, wu, wd: x + F.linear(F.silu(F.linear(x, wg)) * F.linear(x, wu), wd),
      "d = d_ff = 4, three tokens", "residual"),
     ("swiglu_ffn", _swiglu_relu_if_all_negative, "gate values all below 0", "ReLU"),
+    ("swiglu_ffn", lambda x, wg, wu, wd: _swiglu(x.half(), wg.half(), wu.half(), wd.half()).float()
+     if x.shape[-1] > 100 else _swiglu(x, wg, wu, wd), "SmolLM2's real layer 3 FFN, five tokens (576 → 1536 → 576)",
+     "real weights"),
     ("swiglu_ffn", lambda x, wg, wu, wd: F.linear(F.silu(F.linear(x, wg)) * F.silu(F.linear(x, wu)), wd),
      "d = d_ff = 4, three tokens", "both branches"),
     ("swiglu_ffn", lambda x, wg, wu, wd: F.linear(F.silu(F.linear(x, wg) * F.linear(x, wu)), wd),
