@@ -45,12 +45,22 @@ def _article() -> str:
     return ARTICLE.read_text(encoding="utf-8") if ARTICLE.exists() else ""
 
 
+def _bare(text: str) -> str:
+    """Letters, digits and hanzi only: the scraped article lost much of its punctuation."""
+    return re.sub(r"[^\w]", "", text)
+
+
 def _quoted_from_article(text: str, start: int, end: int, article: str) -> bool:
-    """Whether text[start:end] lies inside “…” that quotes the article (any “…” when the article is not here)."""
+    """Whether text[start:end] quotes the article: inside “…” whose words are the article's (any “…” when the article
+    is not here), or in a quote without marks (a block quote, a claim's "article says") whose words around it are."""
     for m in QUOTE.finditer(text):
         if m.start() <= start and end <= m.end():
-            return not article or m.group(0)[1:-1].replace("……", "").strip() in article.replace("……", "")
-    return False
+            return not article or _bare(m.group(0)) in _bare(article)
+    if not article:
+        return False
+    word = len(_bare(text[start:end]))
+    return any(len(_bare(w)) > word + 3 and _bare(w) in _bare(article)
+               for w in (text[start:end + 12], text[max(0, start - 12):end]))
 
 
 def term_problems(text: str, *, article: str = "") -> list[str]:
@@ -189,5 +199,6 @@ def test_typography_problems_are_found_and_code_is_left_alone():
 def test_an_article_quote_keeps_the_articles_word():
     article = "每生成一个 token，都要查 KV Cache 里的内容"
     assert not term_problems("文章说“都要查 KV Cache 里的内容”", article=article)
+    assert not term_problems("> 都要查 KV Cache，里的内容", article=article)        # a block quote, punctuation restored
     assert term_problems("我们的 KV Cache 里", article=article)
     assert term_problems("文章说“KV Cache 是假的”", article=article)      # not the article's words
