@@ -24,7 +24,9 @@ ARTICLE = REPO.parent / "shared" / "article" / "article_zh.md"
 HAN = "\u3400-\u9fff"
 CJK = HAN + "\u3000-\u303f\uff00-\uffef“”‘’"
 # “快 X 倍”, “多了 X 倍”, “多 X×”, “少 X×”: in Chinese these say X times *more* than the base.
-RATIO = re.compile(r"(快|慢|多了?|少了?)\s*\{?[\w.]*\d[\w.]*\}?\s*(倍|×)|(快|慢|多了?|少了?)\s*\{\w+\}\s*(倍|×)|多出的倍数")
+# (最多 / 至少 X 倍, “at most / at least”, are fine.)
+RATIO = re.compile(r"(?<![最至差])(快|慢|多了?|少了?)\s*\{?[\w.]*\d[\w.]*\}?\s*(倍|×)"
+                   r"|(?<![最至差])(快|慢|多了?|少了?)\s*\{\w+\}\s*(倍|×)|多出的倍数")
 HAN_BREAK = re.compile(rf"[{CJK}]\n[{CJK}]")
 CODE = re.compile(r"```.*?```|`[^`\n]*`", re.S)
 QUOTE = re.compile(r"“[^”]*”")
@@ -178,7 +180,7 @@ def test_each_rejected_variant_is_found(text):
 
 @pytest.mark.parametrize("text", [
     "单元格打印在下面", "logits（未归一化的分数）", "KV 缓存", "Embedding 表", "最终归一化", "计算内核（kernel）",
-    "并列", "速度是普通解码的 0.51 倍", "`llm.logits` 与 `KV cache`"])
+    "并列", "速度是普通解码的 0.51 倍", "`llm.logits` 与 `KV cache`", "最多 1.5 ×", "至少 2 倍"])
 def test_the_glossarys_own_terms_pass(text):
     assert not term_problems(text) and not ratio_problems(text), text
 
