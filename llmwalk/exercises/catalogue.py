@@ -325,14 +325,18 @@ def _swiglu_diagnose(case: Case, expected, got) -> str | None:
 
     def down(h):
         return h @ w_down.T
-    variants = [("swapped", down(g * F.silu(u))), ("both", down(F.silu(g) * F.silu(u))),
-                ("relu", down(F.relu(g) * u)), ("gelu", down(F.gelu(g) * u)),
-                ("gelu", down(F.gelu(g, approximate="tanh") * u)), ("sigmoid", down(torch.sigmoid(g) * u)),
-                ("after_product", down(F.silu(g * u))), ("no_gate", down(F.silu(u))), ("no_up", down(F.silu(g))),
-                ("residual", x + expected)]
+    gelu = t("exercises.swiglu.hint.gelu")
+    variants = [(t("exercises.swiglu.hint.swapped"), down(g * F.silu(u))),
+                (t("exercises.swiglu.hint.both"), down(F.silu(g) * F.silu(u))),
+                (t("exercises.swiglu.hint.relu"), down(F.relu(g) * u)), (gelu, down(F.gelu(g) * u)),
+                (gelu, down(F.gelu(g, approximate="tanh") * u)),
+                (t("exercises.swiglu.hint.sigmoid"), down(torch.sigmoid(g) * u)),
+                (t("exercises.swiglu.hint.after_product"), down(F.silu(g * u))),
+                (t("exercises.swiglu.hint.no_gate"), down(F.silu(u))), (t("exercises.swiglu.hint.no_up"), down(F.silu(g))),
+                (t("exercises.swiglu.hint.residual"), x + expected)]
     if w_gate.shape[0] == w_gate.shape[1]:                             # x @ w runs only when w is square
-        variants.append(("not_transposed", (F.silu(x @ w_gate) * (x @ w_up)) @ w_down))
-    return next((t(f"exercises.swiglu.hint.{name}") for name, v in variants if _close(got, v)), None)
+        variants.append((t("exercises.swiglu.hint.not_transposed"), (F.silu(x @ w_gate) * (x @ w_up)) @ w_down))
+    return next((hint for hint, v in variants if _close(got, v)), None)
 
 # ---------------------------------------------------------------- 05 LM head
 

@@ -136,7 +136,8 @@ def ffn_widths(*configs: Config) -> Figure:
                 ax.add_patch(FancyBboxPatch((centre - w / 2 + dx, y + 3 * dx), w, 0.42, boxstyle="round,pad=0.01",
                                             fc=fc, ec="#888"))
             ax.text(centre, y + 0.21, text, ha="center", va="center", fontsize=9)
-        widen = t("viz.layers.ffn_gate_up" if gated else "viz.layers.ffn_up", d=c.d_model, d_ff=c.d_ff)
+        widen = (t("viz.layers.ffn_gate_up", d=c.d_model, d_ff=c.d_ff) if gated
+                 else t("viz.layers.ffn_up", d=c.d_model, d_ff=c.d_ff))
         for y, matrices in ((2.2, widen), (1.2, t("viz.layers.ffn_down", d=c.d_model, d_ff=c.d_ff))):
             ax.annotate("", (centre, y - 0.36), (centre, y - 0.02), arrowprops=dict(arrowstyle="->", color="#555"))
             ax.text(centre + 0.03, y - 0.19, matrices, ha="left", va="center", fontsize=7.5, color="#555")
