@@ -537,6 +537,18 @@ def test_next_token_widget_explains_bad_prompts(model):
     assert "chat" not in viz.next_token_widget(SimpleNamespace(tokenizer=lw.gpt2_tokenizer()), "").controls
 
 
+def test_next_token_widget_refuses_a_prompt_past_its_limit_before_running_the_model(model, monkeypatch):
+    """The probe's unbounded widget work: a pasted book would run one pass for minutes. Past the limit the widget
+    says how long the prompt is and what to do, and no forward pass starts."""
+    from llmwalk.viz import widgets
+    w = viz.next_token_widget(model, "The capital", max_tokens=8)
+    monkeypatch.setattr(widgets, "forward", lambda *a, **k: pytest.fail("a forward pass ran"))
+    long = "The capital of France is the city of light, and so on"
+    w.controls["prompt"].value = long
+    n = len(model.tokenizer.encode(long))
+    assert w.figure is None and w.error.startswith(f"{n} tokens: a widget runs prompts of at most 8 tokens")
+
+
 def test_cost_widget_follows_its_twin(model):
     configs = {"GPT-2 small": gpt2_config(), "SmolLM2": model.config}
     w = viz.cost_widget(configs)

@@ -286,10 +286,15 @@ def similarity_widget(model, words: str = "Paris, London, France, Germany, king,
         "space": W.Checkbox(value=space, description=t("viz.widgets.leading_space"), indent=False)})
 
 
-def next_token_widget(model, prompt: str = "The capital of France is", n: int = 10, chat: bool = False) -> PlotWidget:
+WIDGET_MAX_TOKENS = 2048    # a prompt typed into a widget: one forward pass of seconds on a laptop, not minutes
+
+
+def next_token_widget(model, prompt: str = "The capital of France is", n: int = 10, chat: bool = False,
+                      max_tokens: int = WIDGET_MAX_TOKENS) -> PlotWidget:
     """A prompt box (and a slider for how many bars) bound to prob_bars of the model's next-token distribution.
 
-    With a chat template, a 'chat template' box wraps the prompt as a user message, as a chat app sends it.
+    With a chat template, a 'chat template' box wraps the prompt as a user message, as a chat app sends it. A
+    prompt longer than `max_tokens` tokens gets a message, not a pass whose time grows with the square of its length.
     """
     last: dict = {}                                   # the last prompt's logits: moving the slider reruns nothing
 
@@ -298,6 +303,8 @@ def next_token_widget(model, prompt: str = "The capital of France is", n: int = 
             ids = model.tokenizer.encode(prompt, chat=chat)
             if not ids:
                 raise ValueError(t("viz.widgets.empty_prompt"))
+            if len(ids) > max_tokens:
+                raise ValueError(t("viz.widgets.too_long", n=len(ids), most=max_tokens))
             last.clear()
             last[prompt, chat] = forward(model, ids, record=False, last_only=True).logits[-1]
         shown = _label(prompt if len(prompt) <= 50 else "…" + prompt[-49:])
