@@ -242,3 +242,29 @@ def hf_model(name: str):
 def hf_tokenizer(name: str):
     """transformers' tokenizer of the registered model `name`, converted from its GGUF file (cached)."""
     return cached(f"{name}-tokenizer", REGISTRY[name].locate(cache_dir()), TOKENIZER)
+
+
+def ffn_swap_probs(hf, target: list[int], source: list[int], tokens: list[int], layers, positions) -> list[float]:
+    """transformers' probabilities of `tokens` after `target` when the MLPs of `layers` write, at `positions`, what
+    they wrote for `source` (forward hooks on its MLPs): the reference for llmwalk's FFN swaps."""
+    mlps = [layer.mlp for layer in hf.model.layers]
+    saved = {}
+    handles = [m.register_forward_hook(lambda m, i, out, n=n: saved.__setitem__(n, out[0].clone()))
+               for n, m in enumerate(mlps)]
+    with torch.no_grad():
+        hf(torch.tensor([source]))
+    for h in handles:
+        h.remove()
+
+    def put(n):
+        def hook(m, i, out):
+            out = out.clone()
+            out[0, positions] = saved[n][positions]
+            return out
+        return hook
+    handles = [mlps[n].register_forward_hook(put(n)) for n in layers]
+    with torch.no_grad():
+        logits = hf(torch.tensor([target])).logits[0, -1]
+    for h in handles:
+        h.remove()
+    return torch.softmax(logits, -1)[tokens].tolist()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import oracle
 import llmwalk as lw
 from llmwalk import analysis
 from llmwalk.claims import layers, lm_head
@@ -167,28 +168,9 @@ def test_ffn_knowledge_row_swaps_where_the_prompts_differ_as_transformers_does(s
     france, germany = tok.encode(layers.PROMPT), tok.encode(layers.OTHER)
     tokens = [tok.token_id(layers.ANSWER), tok.token_id(layers.OTHER_ANSWER)]
     subject = next(i for i, (a, b) in enumerate(zip(france, germany)) if a != b)
-    mlps = [layer.mlp for layer in hf_smollm2.model.layers]
-    saved = {}
-    handles = [m.register_forward_hook(lambda m, i, out, n=n: saved.__setitem__(n, out[0].clone()))
-               for n, m in enumerate(mlps)]
-    with torch.no_grad():
-        hf_smollm2(torch.tensor([germany]))
-    for h in handles:
-        h.remove()
 
     def swapped(layer_ids, positions):
-        def put(n):
-            def hook(m, i, out):
-                out = out.clone()
-                out[0, positions] = saved[n][positions]
-                return out
-            return hook
-        handles = [mlps[n].register_forward_hook(put(n)) for n in layer_ids]
-        with torch.no_grad():
-            logits = hf_smollm2(torch.tensor([france])).logits[0, -1]
-        for h in handles:
-            h.remove()
-        return torch.softmax(logits, -1)[tokens].tolist()
+        return oracle.ffn_swap_probs(hf_smollm2, france, germany, tokens, layer_ids, positions)
 
     L, row = smollm2.config.n_layer, layer_rows[7]
     ref = {"everywhere": swapped(range(1, L), list(range(subject, len(france)))),

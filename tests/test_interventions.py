@@ -4,6 +4,7 @@ import warnings
 import pytest
 import torch
 
+import oracle
 import llmwalk as lw
 from llmwalk import interventions as iv
 from llmwalk.layers import linear, merge_heads
@@ -185,28 +186,9 @@ def test_ffn_swap_matches_transformers_with_a_forward_hook(smollm2, hf_smollm2, 
     tok = smollm2.tokenizer
     germany = tok.encode(section4.OTHER)
     tokens = [tok.token_id(section4.ANSWER), tok.token_id(section4.OTHER_ANSWER)]
-    mlps = [layer.mlp for layer in hf_smollm2.model.layers]
-    saved = {}
-    handles = [m.register_forward_hook(lambda m, i, out, n=n: saved.__setitem__(n, out[0, 3].clone()))
-               for n, m in enumerate(mlps)]
-    with torch.no_grad():
-        hf_smollm2(torch.tensor([germany]))
-    for h in handles:
-        h.remove()
 
-    def swapped(layers):
-        def put(n):
-            def hook(m, i, out):
-                out = out.clone()
-                out[0, 3] = saved[n]
-                return out
-            return hook
-        handles = [mlps[n].register_forward_hook(put(n)) for n in layers]
-        with torch.no_grad():
-            logits = hf_smollm2(torch.tensor([france])).logits[0, -1]
-        for h in handles:
-            h.remove()
-        return torch.softmax(logits, -1)[tokens]
+    def swapped(layers):                  # at the subject, " France", position 3
+        return torch.tensor(oracle.ffn_swap_probs(hf_smollm2, france, germany, tokens, layers, [3]))
 
     L = smollm2.config.n_layer
     for layers in (range(L), range(1, L)):
