@@ -1,12 +1,13 @@
 """Benchmarks, one subcommand each: `python -m llmwalk.bench generate|prefill|quantization|speculative|widgets|decode [--threads N]`.
 
 Every subcommand is a function taking the parsed arguments, registered in `build_parser`. The numbers are wall
-time on a machine that may be doing other things, so the contenders run in the same process, interleaved.
+time on a machine that may be doing other things, so the contenders run in the same process, interleaved. The
+notebooks call the measurements below the subcommands directly: `bench_linear_kernels` (one kernel's matrix
+products), `pass_seconds` and `decode_profile` (one forward pass, one decoding step).
 """
 from __future__ import annotations
 
 import argparse
-import importlib.resources
 import os
 import platform
 import resource
@@ -20,20 +21,20 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .accuracy import eval_text
 from .generation import Generation, decoding_head, generate
 from .models import DEFAULT_MODEL, REGISTRY, Model, cache_dir, load_model
+from .prompts import PROMPT, SPECULATIVE_PROMPTS
 from .quantize import quantize_model
 from .speculative import (Draft, EarlyExitDraft, ModelDraft, PromptLookupDraft, SpeculativeResult, early_exit_model,
                           speculative_generate)
-
-TEXT = "data/eval_text.txt"     # shipped with the package; repeated and cut to the token count each run needs
 
 Run = Callable[[], tuple[float, list[float]]]    # () -> (seconds to the first token, seconds of each later token)
 
 
 def prompt_ids(model: Model, n: int) -> list[int]:
     """Exactly n token ids of the shipped text, repeated as often as needed.  # -> [n]"""
-    one = model.tokenizer.encode(importlib.resources.files("llmwalk").joinpath(TEXT).read_text(encoding="utf-8"))
+    one = model.tokenizer.encode(eval_text())
     return (one * (n // len(one) + 1))[:n]
 
 
@@ -174,11 +175,22 @@ def transformers_run(hf, ids: list[int], new_tokens: int) -> Run:
     return run
 
 
-def bench_generate(args: argparse.Namespace) -> None:
-    """Time to first token, decode tokens/s and peak memory: llmwalk with/without KV cache vs transformers."""
+def benchmarked_model(args: argparse.Namespace) -> Model:
+    """The model a subcommand times (--model), with transformers' log quiet: its notes would land inside the table."""
     from transformers.utils import logging
     logging.set_verbosity_error()
-    model = load_model(args.model, progress=False)
+    return load_model(args.model, progress=False)
+
+
+def warm_up(*runs: Callable[[], object]) -> None:
+    """Run each once, untimed: first calls pay one-off costs (allocator, lazy initialisation, kernel weight packing)."""
+    for run in runs:
+        run()
+
+
+def bench_generate(args: argparse.Namespace) -> None:
+    """Time to first token, decode tokens/s and peak memory: llmwalk with/without KV cache vs transformers."""
+    model = benchmarked_model(args)
     head = decoding_head(model)      # made once per model, like transformers' own conversion at load time
     hf = load_transformers(args.model)
     llm = load_llama_cpp(args.model, max(args.prompt_lengths) + args.new_tokens)
@@ -193,9 +205,8 @@ def bench_generate(args: argparse.Namespace) -> None:
                           "process peak RSS so far (ru_maxrss; it only grows: runs go from short to long prompts)"))
     if llm is None:
         print(LLAMA_CPP_HINT)
-    warm = prompt_ids(model, 8)      # first calls pay one-off costs (allocator, lazy initialisation)
-    for run in (llmwalk_run(model, warm, 2, True, head), transformers_run(hf, warm, 2)):
-        run()
+    warm = prompt_ids(model, 8)
+    warm_up(llmwalk_run(model, warm, 2, True, head), transformers_run(hf, warm, 2))
 
     header = (f"{'prompt':>6} | {'':22} {'TTFT s':>7} {'decode tok/s':>12} {'peak MB':>8} | "
               f"{'vs transformers':>15} {'vs no cache':>11} {'TTFT vs transformers':>20}")
@@ -238,9 +249,7 @@ def memory_bandwidth(nbytes: int = 2**28, repeats: int = 5) -> float:
 
 def bench_prefill(args: argparse.Namespace) -> None:
     """Time to first token (a prompt in, one token out): llmwalk vs transformers, interleaved, per prompt length."""
-    from transformers.utils import logging
-    logging.set_verbosity_error()
-    model = load_model(args.model, progress=False)
+    model = benchmarked_model(args)
     head = decoding_head(model)
     hf = load_transformers(args.model)
     print(f"{model.config.name}, fp32, time to first token of a greedy generate of 1 token (the prompt's forward "
@@ -248,9 +257,7 @@ def bench_prefill(args: argparse.Namespace) -> None:
           "ratio: transformers' seconds / llmwalk's (above 1: llmwalk is faster).")
     contenders = {"llmwalk": lambda ids: llmwalk_run(model, ids, 1, True, head)()[0],
                   "transformers": lambda ids: transformers_run(hf, ids, 1)()[0]}
-    warm = prompt_ids(model, 8)          # first calls pay one-off costs (allocator, lazy initialisation)
-    for ttft in contenders.values():
-        ttft(warm)
+    warm_up(*(partial(ttft, prompt_ids(model, 8)) for ttft in contenders.values()))
     header = f"{'prompt':>6} | {'llmwalk s':>9} {'transformers s':>14} | {'ratio':>6}"
     print(header)
     print("-" * len(header))
@@ -266,10 +273,8 @@ def bench_prefill(args: argparse.Namespace) -> None:
 
 def bench_quantization(args: argparse.Namespace) -> None:
     """Decode speed and weight memory of the quantized model (torch's int8 / int4 kernels) vs fp32 and transformers."""
-    from transformers.utils import logging
     from .quantize import model_weight_bytes
-    logging.set_verbosity_error()
-    model = load_model(args.model, progress=False)
+    model = benchmarked_model(args)
     variants = {"llmwalk fp32": model,
                 "int8 layers": quantize_model(model, 8),
                 "int8 layers + head": quantize_model(model, 8, embeddings=True),
@@ -287,8 +292,7 @@ def bench_quantization(args: argparse.Namespace) -> None:
           "activations; '+ head': the tied embedding table / LM head quantized too.")
     if llm is None:
         print(LLAMA_CPP_HINT)
-    for run in runs.values():      # first calls pay one-off costs (allocator, kernel weight packing)
-        run()
+    warm_up(*runs.values())
     times: dict[str, list[Timing]] = {name: [] for name in runs}
     for _ in range(args.repeats):
         for name, run in runs.items():
@@ -308,16 +312,6 @@ def bench_quantization(args: argparse.Namespace) -> None:
             print(f"{name:22} {nbytes / 1e6:7.1f} {tps:12.1f} {tps / fp32:13.2f}x {limit:14.1f} {tps / limit:10.0%}")
         else:
             print(f"{name:22} {'':7} {tps:12.1f} {tps / fp32:13.2f}x")
-
-
-# (text, chat): answers that copy their prompt (a sentence to repeat, code to edit), and one with nothing to copy.
-BENCH_PROMPTS = {
-    "repeat": ("Repeat this sentence exactly: The old lighthouse keeper climbed the narrow stairs every evening, "
-               "lit the great lamp, and watched the ships pass safely through the dark and stormy channel.", True),
-    "edit code": ("Add type hints to this function:\n\ndef scale(values, factor):\n"
-                  "    return [v * factor for v in values]\n", True),
-    "no copy": ("The history of the printing press", False),
-}
 
 
 def draft_by_name(model: Model, name: str) -> Draft:
@@ -369,8 +363,8 @@ def compare_speculative(target: Model, drafts: dict[str, Draft], prompts: dict[s
 
 def bench_speculative(args: argparse.Namespace) -> None:
     """Speculative decoding: acceptance, target passes per token and speed vs plain generate, per draft and k."""
-    from .accuracy import compare_to_fp32, eval_text
-    model = load_model(args.model, progress=False)
+    from .accuracy import compare_to_fp32
+    model = benchmarked_model(args)
     print(f"{model.config.name}, fp32, {args.new_tokens} new tokens (stopping at EOS), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads. Speedup: plain seconds per token (generate with its KV cache) over "
           f"speculative, median of {args.repeats} interleaved runs. Drafts against the full model on the shipped "
@@ -382,8 +376,8 @@ def bench_speculative(args: argparse.Namespace) -> None:
         print(f"  {name:>16}: top-1 agreement {c.top1_agreement:.1%}, KL {c.kl_mean:.3g}, "
               f"perplexity {c.perplexity:.4g} (full model {c.perplexity_fp32:.4g})")
     drafts = {name: draft_by_name(model, name) for name in args.drafts}
-    prompts = {name: BENCH_PROMPTS[name] for name in args.prompts}
-    generate(model, "Hi", 2)         # first calls pay one-off costs (allocator, lazy initialisation)
+    prompts = {name: SPECULATIVE_PROMPTS[name] for name in args.prompts}
+    warm_up(partial(generate, model, "Hi", 2))
     rows = compare_speculative(model, drafts, prompts, args.ks, args.temperatures, args.new_tokens, args.repeats)
     for i, row in enumerate(rows):
         if i == 0:
@@ -391,7 +385,6 @@ def bench_speculative(args: argparse.Namespace) -> None:
         print(" | ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row.values()), flush=True)
 
 
-WIDGET_PROMPT = "The capital of France is"
 LEARNER_TOKENS = 150      # the attention widget is also timed on a prompt of this many tokens
 
 
@@ -399,12 +392,11 @@ def bench_widgets(args: argparse.Namespace) -> None:
     """Each widget's control-change-to-figure time: a new value set, the figure redrawn and rendered to PNG."""
     import matplotlib
     matplotlib.use("Agg")                    # headless: the widgets render PNGs themselves
-    from .viz.attention import attention_step_widget
-    from .viz.widgets import attention_widget, generation_widget, sampling_widget
+    from .viz.widgets import attention_step_widget, attention_widget, generation_widget, sampling_widget
     from .walk import forward
-    model = load_model(args.model, progress=False)
-    trace = forward(model, model.tokenizer.encode(WIDGET_PROMPT))
-    long_ids = model.tokenizer.encode(" ".join([WIDGET_PROMPT + " Paris."] * 30))[:LEARNER_TOKENS]
+    model = benchmarked_model(args)
+    trace = forward(model, model.tokenizer.encode(PROMPT))
+    long_ids = model.tokenizer.encode(" ".join([PROMPT + " Paris."] * 30))[:LEARNER_TOKENS]
     long_trace = forward(model, long_ids)            # a paragraph a learner pastes
     n_layer, n_head = model.config.n_layer, model.config.n_head
     temperatures, top_ks = (0.5, 0.8, 1.2, 1.5), (0, 5, 20)
@@ -420,9 +412,9 @@ def bench_widgets(args: argparse.Namespace) -> None:
                                               100),
         "attention step: query token": (attention_step_widget(trace, model),
                                         lambda w, i: w.set(head=(i + 1) % n_head, query=i % len(trace.ids)), 100),
-        "generation: 'next token' click": (generation_widget(model, WIDGET_PROMPT), lambda w, i: w.next(), 150),
+        "generation: 'next token' click": (generation_widget(model, PROMPT), lambda w, i: w.next(), 150),
     }
-    print(f"{model.config.name}, prompt {WIDGET_PROMPT!r}: milliseconds from a control change to the new PNG "
+    print(f"{model.config.name}, prompt {PROMPT!r}: milliseconds from a control change to the new PNG "
           f"(plot or in-place update, render), median and fastest of {args.repeats} changes.")
     header = f"{'widget: control':32} {'median ms':>9} {'min ms':>7} {'goal ms':>7}"
     print(header)
@@ -440,8 +432,10 @@ def bench_widgets(args: argparse.Namespace) -> None:
 
 
 def bench_decode(args: argparse.Namespace) -> None:
-    """One decoding step of the model, by decode_profile: is it memory-bound here, and if not, where does its time go."""
-    model = load_model(args.model, progress=False)
+    """What one decoding step waits on: bytes, bandwidth, matrix products, operations (decode_profile).
+
+    Is the step memory-bound here, and if not, where does its time go."""
+    model = benchmarked_model(args)
     p = decode_profile(model, args.context, args.repeats)
     print(f"{model.config.name}, one decoding step at context {args.context}, medians of {args.repeats} runs: "
           f"{p.weight_bytes / 1e6:.0f} MB of weights read; plain-sum bandwidth {p.bandwidth / 1e9:.3g} GB/s, so "
@@ -456,52 +450,42 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line: one subparser per benchmark, each pointing at its function through `run`."""
     common = argparse.ArgumentParser(add_help=False)     # options every subcommand takes
     common.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    common.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
     parser = argparse.ArgumentParser(prog="python -m llmwalk.bench", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    gen = sub.add_parser("generate", parents=[common], help=bench_generate.__doc__)
+    def command(run: Callable[[argparse.Namespace], None], repeats: int, of: str) -> argparse.ArgumentParser:
+        """The subcommand named after `run` (bench_<name>), its help `run`'s docstring, --repeats N of `of`."""
+        name = run.__name__.removeprefix("bench_")
+        cmd = sub.add_parser(name, parents=[common], help=run.__doc__.splitlines()[0])
+        cmd.add_argument("--repeats", type=int, default=repeats, help=of)
+        cmd.set_defaults(run=run)
+        return cmd
+
+    gen = command(bench_generate, 3, "interleaved runs of the cached contenders")
     gen.add_argument("--prompt-lengths", type=int, nargs="+", default=[16, 128, 512], metavar="N")
     gen.add_argument("--new-tokens", type=int, default=64)
-    gen.add_argument("--repeats", type=int, default=3, help="interleaved runs of the cached contenders")
-    gen.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
-    gen.set_defaults(run=bench_generate)
 
-    pre = sub.add_parser("prefill", parents=[common], help=bench_prefill.__doc__)
+    pre = command(bench_prefill, 5, "interleaved runs per prompt length")
     pre.add_argument("--prompt-lengths", type=int, nargs="+", default=[16, 128, 512, 1024], metavar="N")
-    pre.add_argument("--repeats", type=int, default=5, help="interleaved runs per prompt length")
-    pre.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
-    pre.set_defaults(run=bench_prefill)
 
-    quant = sub.add_parser("quantization", parents=[common], help=bench_quantization.__doc__)
+    quant = command(bench_quantization, 3, "interleaved runs of every format")
     quant.add_argument("--prompt-length", type=int, default=16, metavar="N")
     quant.add_argument("--new-tokens", type=int, default=32)
-    quant.add_argument("--repeats", type=int, default=3, help="interleaved runs of every format")
-    quant.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
-    quant.set_defaults(run=bench_quantization)
 
-    spec = sub.add_parser("speculative", parents=[common], help=bench_speculative.__doc__)
+    spec = command(bench_speculative, 1, "interleaved runs of speculative and plain generation")
     spec.add_argument("--drafts", nargs="+", default=["lookup", "int8", "int4", "exit6", "exit15", "exit24"],
                       help="lookup, int8, int4 (the model quantized, head included), exitN (the first N layers)")
-    spec.add_argument("--prompts", nargs="+", default=list(BENCH_PROMPTS), choices=list(BENCH_PROMPTS))
+    spec.add_argument("--prompts", nargs="+", default=list(SPECULATIVE_PROMPTS), choices=list(SPECULATIVE_PROMPTS))
     spec.add_argument("--ks", type=int, nargs="+", default=[1, 3, 5], metavar="K", help="tokens drafted per round")
     spec.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 1.0], metavar="T")
     spec.add_argument("--new-tokens", type=int, default=32)
-    spec.add_argument("--repeats", type=int, default=1, help="interleaved runs of speculative and plain generation")
     spec.add_argument("--agreement-layers", type=int, nargs="+", default=[6, 12, 18, 24, 28], metavar="N")
-    spec.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
-    spec.set_defaults(run=bench_speculative)
 
-    wid = sub.add_parser("widgets", parents=[common], help=bench_widgets.__doc__)
-    wid.add_argument("--repeats", type=int, default=10, help="control changes per widget")
-    wid.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
-    wid.set_defaults(run=bench_widgets)
+    command(bench_widgets, 10, "control changes per widget")
 
-    dec = sub.add_parser("decode", parents=[common], help="what one decoding step waits on: bytes, bandwidth, matrix "
-                                                          "products, operations (decode_profile)")
+    dec = command(bench_decode, 15, "runs per timing (medians)")
     dec.add_argument("--context", type=int, default=64, metavar="N")
-    dec.add_argument("--repeats", type=int, default=15, help="runs per timing (medians)")
-    dec.add_argument("--model", default=DEFAULT_MODEL, choices=sorted(REGISTRY))
-    dec.set_defaults(run=bench_decode)
     return parser
 
 
@@ -513,53 +497,8 @@ def main(argv: list[str] | None = None) -> None:
     args.run(args)
 
 
-if __name__ == "__main__":
-    main()
-
 
 # ---------------------------------------------------------------- one matrix product per kernel (quantization)
-
-def _fp32(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    return lambda x: x @ w
-
-
-def _bf16(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    wb = w.bfloat16()
-    return lambda x: (x.bfloat16() @ wb).float()
-
-
-def _dequantized(w: torch.Tensor, **fmt) -> Callable[[torch.Tensor], torch.Tensor]:
-    from .quantize import dequantize_tensor, quantize_tensor
-    q = quantize_tensor(w, **fmt)
-    return lambda x: x @ dequantize_tensor(q)
-
-
-def _as_in_model(w: torch.Tensor, **fmt) -> Callable[[torch.Tensor], torch.Tensor]:
-    from .quantize import quantize_tensor
-    q = quantize_tensor(w, **fmt)
-    return lambda x: q.__rmatmul__(x)
-
-
-def _int8_kernel_fp32(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    from .quantize import dequantize_tensor, quantize_tensor
-    q = quantize_tensor(w, 8)
-    if q.kernel is None:                                    # this torch has no int8 kernel: the fallback's product
-        return lambda x: x @ dequantize_tensor(q)
-    codes, scales = q.kernel
-    return lambda x: torch.ops.aten._weight_int8pack_mm(x, codes, scales.float())
-
-
-KERNELS: dict[str, Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {
-    "fp32 x @ W": _fp32,
-    "bf16 x @ W": _bf16,
-    "int8 dequantize, then fp32 x @ W": lambda w: _dequantized(w, bits=8),
-    "int8 _weight_int8pack_mm, fp32 x": _int8_kernel_fp32,
-    "int8 _weight_int8pack_mm, bf16 x (quantize_model's path)": lambda w: _as_in_model(w, bits=8),
-    "int4 g32 dequantize, then fp32 x @ W": lambda w: _dequantized(w, bits=4, group_size=32),
-    "int4 g32 _weight_int4pack_mm_for_cpu, bf16 x (quantize_model's path)":
-        lambda w: _as_in_model(w, bits=4, group_size=32),
-}
-
 
 def bench_linear_kernels(model: Model, rounds: int = 5, repeats: int = 3) -> list[dict]:
     """Time one decode step's matrix-vector products (x: [1, d_in]) per kernel, on an fp32 model's real matrices.
@@ -569,6 +508,7 @@ def bench_linear_kernels(model: Model, rounds: int = 5, repeats: int = 3) -> lis
     Returns rows {workload, kernel, microseconds, speedup_vs_fp32}.
     """
     from .quantize import LINEARS
+    from .quantize_kernels import KERNELS
     per_name = {n: [getattr(b, n).weight for b in model.weights.blocks]
                 for n in LINEARS if getattr(model.weights.blocks[0], n) is not None}
     workloads = {f"{n} x{len(ws)}": ws for n, ws in per_name.items()}
@@ -743,3 +683,7 @@ def decode_profile(model: Model, context: int = 64, repeats: int = 15) -> Decode
     forward(model, ids[:-1], cache, record=False, last_only=True)
     n_ops, n_matmuls = count_ops(lambda: forward(model, ids[-1:], cache, record=False, last_only=True))
     return DecodeProfile(weight_bytes_per_token(model), memory_bandwidth(), step, matmuls, n_ops, n_matmuls)
+
+
+if __name__ == "__main__":
+    main()

@@ -31,7 +31,7 @@ def gguf_q4_1_blocks(path: str | os.PathLike, tensor_name: str, n_blocks: int = 
     """Read the first `n_blocks` Q4_1 blocks of one tensor of a GGUF file, byte by byte.  # -> [n_blocks, 32] codes"""
     import gguf
 
-    from .models import read_gguf
+    from .convert_gguf import read_gguf
     reader = read_gguf(Path(path))          # its header checked first: a hostile file cannot make it loop
     tensor = next((t for t in reader.tensors if t.name == tensor_name), None)
     if tensor is None:

@@ -29,7 +29,8 @@ from typing import Any, Callable
 
 import torch
 
-from llmwalk.models import REGISTRY, _move_into_place, cache_dir, sha256_of   # the model cache's rename and hash
+from llmwalk.model_cache import cache_dir, move_into_place, sha256_of   # the model cache's rename and hash
+from llmwalk.models import REGISTRY
 
 FORMAT = 2              # bump when what is saved, or how it is checked, changes
 KEY = "key.json"        # written last into the staging directory: a directory without it is never used
@@ -132,7 +133,7 @@ def cached(name: str, gguf: Path, kind: Kind):
             for path in staging.iterdir():                 # mkdtemp's 0700 would hide a shared cache from others
                 path.chmod(0o644)
             staging.chmod(0o755)
-            _move_into_place(staging, out)
+            move_into_place(staging, out)
             return kind.load(out)            # what every later run gets: the checked copy, from its final place
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -12,7 +12,7 @@ from llmwalk import analysis
 from llmwalk import cost
 from llmwalk.claims import cost as c8
 from llmwalk.quantize import dequantize_model, dynamic_int8_logits, map_linears, quantize_model
-from llmwalk.bench import BENCH_PROMPTS
+from llmwalk.prompts import SPECULATIVE_PROMPTS
 from llmwalk.speculative import ModelDraft
 from llmwalk.report import Verdict
 
@@ -232,7 +232,7 @@ def test_torch_quantize_dynamic_breaks_the_model_too(smollm2, eval_logits):
 
 
 def test_speculative_row(rows, smollm2):
-    text, chat = BENCH_PROMPTS["repeat"]
+    text, chat = SPECULATIVE_PROMPTS["repeat"]
     spec, plain = c8.speculative_run(smollm2)
     assert spec.new_ids == plain.new_ids == lw.generate(smollm2, text, c8.SPEC_TOKENS, chat=chat).new_ids
     assert spec.target_forward_passes == len(spec.rounds) + 1                     # rounds + the prompt's prefill

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import llmwalk as lw
-from llmwalk import models
+from llmwalk import model_cache
 from llmwalk.models import CorruptModelFileError, UnknownModelError
 from test_loaders import max_logit_diff, saved, tiny, tiny_gguf
 
@@ -114,7 +114,7 @@ def test_gguf_magic_is_checked_before_hashing(tmp_path, monkeypatch):
     with open(path, "wb") as f:
         f.truncate(10 * 10**9)
     monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "sha256_of", lambda p: pytest.fail(f"hashed {p}"))
+    monkeypatch.setattr(model_cache, "sha256_of", lambda p: pytest.fail(f"hashed {p}"))
     with pytest.raises(CorruptModelFileError, match=r"sparse_10g.gguf is not a GGUF file .*'GGUF'"):
         lw.load_model(path)
 
@@ -125,8 +125,8 @@ def test_a_gguf_file_is_hashed_once_per_version_not_on_every_load(tmp_path, monk
     hashed again (same key, no conversion), and a rewritten one gets a key and a conversion of its own."""
     path = tiny_gguf(tmp_path / "tiny.gguf")
     monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path / "cache"))
-    hashed, real = [], models.sha256_of
-    monkeypatch.setattr(models, "sha256_of", lambda p: hashed.append(Path(p).name) or real(p))
+    hashed, real = [], model_cache.sha256_of
+    monkeypatch.setattr(model_cache, "sha256_of", lambda p: hashed.append(Path(p).name) or real(p))
     first = lw.load_model(path, progress=False)
     second = lw.load_model(path, progress=False)
     assert hashed.count("tiny.gguf") == 1 and first.source == second.source
@@ -144,10 +144,10 @@ def test_a_cache_that_cannot_keep_the_digest_still_loads_the_gguf_file(tmp_path,
     cache = tmp_path / "cache"
     monkeypatch.setenv("LLMWALK_CACHE", str(cache))
     cache.mkdir()
-    (cache / models.GGUF_DIGESTS).write_text("not a folder")
-    assert models.gguf_sha256(path) == models.sha256_of(path)
+    (cache / model_cache.GGUF_DIGESTS).write_text("not a folder")
+    assert model_cache.gguf_sha256(path) == model_cache.sha256_of(path)
     assert lw.load_model(path, progress=False).config.n_layer == 1
-    assert (cache / models.GGUF_DIGESTS).read_text() == "not a folder"
+    assert (cache / model_cache.GGUF_DIGESTS).read_text() == "not a folder"
 
 
 # ---------------------------------------------------------------- GGUF files whose header is valid, but whose claims are not
@@ -179,7 +179,7 @@ def test_a_full_disk_during_conversion_says_so(tmp_path, monkeypatch):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
     monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
     monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path / "cache"))
-    with pytest.raises(models.CacheNotWritableError, match=rf"disk holding {tmp_path / 'cache'} is full: .* needs "
+    with pytest.raises(lw.CacheNotWritableError, match=rf"disk holding {tmp_path / 'cache'} is full: .* needs "
                                                            r"\d+ MB there.*LLMWALK_CACHE"):
         lw.load_model(tiny_gguf(tmp_path / "tiny.gguf"), progress=False)
 

@@ -26,7 +26,7 @@ from llmwalk.i18n import t  # noqa: E402
 from llmwalk.quantize import LINEARS, quantize_model, quantize_tensor  # noqa: E402
 from llmwalk.sampling import greedy, sample  # noqa: E402
 from llmwalk.viz.tokens import MAX_CHIPS  # noqa: E402
-from llmwalk.viz.widgets import PlotWidget  # noqa: E402
+from llmwalk.viz.plot_widget import PlotWidget  # noqa: E402
 
 PROMPT = "The capital of France is"
 pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py

@@ -10,7 +10,7 @@ import pytest
 
 import llmwalk as lw
 import oracle
-from llmwalk import models, tokens
+from llmwalk import convert_hf, tokens
 from llmwalk.tokens import HFTokenizer, TokenizerMeta, UnsafeChatTemplateError
 
 HI = [{"role": "user", "content": "hi"}]
@@ -120,7 +120,7 @@ def saved(hf_tok, path: Path, template) -> Path:
 
 
 def ours(path: Path, smollm2):
-    return models._hf_dir_tokenizer(path, "saved", smollm2.config)
+    return convert_hf._hf_dir_tokenizer(path, "saved", smollm2.config)
 
 
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "法国的首都是什么"}]

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import llmwalk as lw
-from llmwalk import models
-from llmwalk.models import HF_TYPES, UnsupportedModelError
+from llmwalk.checkpoint import UnsupportedModelError
+from llmwalk.convert_hf import HF_TYPES
+from llmwalk.model_cache import GGUF_DIGESTS
 
 TINY = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, hidden_size=64, intermediate_size=96,
             vocab_size=1000, max_position_embeddings=128)
@@ -190,4 +191,4 @@ def test_unsupported_gguf_files_are_refused(tmp_path, monkeypatch, kwargs, match
     with pytest.raises(UnsupportedModelError, match=match):
         lw.load_model(tiny_gguf(tmp_path / "tiny.gguf", **kwargs), progress=False)
     assert [p for p in (tmp_path / "cache").iterdir()                          # nothing half-converted is left
-            if p.is_dir() and p.name != models.GGUF_DIGESTS] == []
+            if p.is_dir() and p.name != GGUF_DIGESTS] == []

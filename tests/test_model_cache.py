@@ -16,14 +16,15 @@ import pytest
 import torch
 
 import llmwalk as lw
-from llmwalk import models
+from llmwalk import convert_gguf, model_cache, models
+from llmwalk.weights import tensors
 from markers import needs_gemma
 
 
 def shared_conversion() -> Path:
     """The converted SmolLM2 in the cache the tests share (the `smollm2` fixture makes it)."""
     sha = models.REGISTRY["smollm2-135m"].sha256
-    return models.cache_dir() / f"smollm2-135m-{sha[:12]}-v{models.CONVERTER_VERSION}"
+    return models.cache_dir() / f"smollm2-135m-{sha[:12]}-v{model_cache.CONVERTER_VERSION}"
 
 
 def converted_dir(cache) -> "os.PathLike":
@@ -45,7 +46,7 @@ def no_conversion(*args, **kwargs):
 
 
 def test_intact_cache_is_used_without_converting(cache_copy, smollm2, monkeypatch):
-    monkeypatch.setattr(models, "_convert_gguf", no_conversion)
+    monkeypatch.setattr(convert_gguf, "convert", no_conversion)
     model = lw.load_model(progress=False)
     assert torch.equal(model.weights.blocks[5].ffn_up.weight, smollm2.weights.blocks[5].ffn_up.weight)
 
@@ -57,11 +58,11 @@ def test_flipped_byte_in_cached_weights_is_rebuilt(cache_copy, smollm2):
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x10]))
-    assert "model.safetensors differs" in models._cache_problem(cache_copy)
+    assert "model.safetensors differs" in model_cache._cache_problem(cache_copy)
     with pytest.warns(UserWarning, match="converting again"):
         again = lw.load_model(progress=False)
-    assert models._cache_problem(cache_copy) is None
-    for a, b in zip(models.tensors(again.weights), models.tensors(smollm2.weights)):
+    assert model_cache._cache_problem(cache_copy) is None
+    for a, b in zip(tensors(again.weights), tensors(smollm2.weights)):
         assert a[0] == b[0] and torch.equal(a[1], b[1]), a[0]
 
 
@@ -78,18 +79,18 @@ def test_hand_edited_config_is_detected_even_with_its_old_mtime(cache_copy):
     config.write_text(config.read_text().replace('"rope_theta": 100000.0', '"rope_theta": 100001.0'))
     os.utime(config, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert config.stat().st_size == stat.st_size                    # same size, same mtime: only the hash tells
-    assert "config.json differs" in models._cache_problem(cache_copy)
+    assert "config.json differs" in model_cache._cache_problem(cache_copy)
 
 
 def test_touched_but_unchanged_weights_are_accepted(cache_copy):
     os.utime(cache_copy / "model.safetensors", ns=(0, 0))           # mtime differs from the manifest: re-hashed
-    assert models._cache_problem(cache_copy) is None
+    assert model_cache._cache_problem(cache_copy) is None
 
 
 def test_unwritable_cache_names_the_directory_and_the_fix_before_any_work(tmp_path, monkeypatch):
     (tmp_path / "a-file").write_text("not a directory")
     monkeypatch.setenv("LLMWALK_CACHE", str(tmp_path / "a-file" / "cache"))
-    monkeypatch.setattr(models, "_convert_gguf", no_conversion)
+    monkeypatch.setattr(convert_gguf, "convert", no_conversion)
     with pytest.raises(models.CacheNotWritableError, match=r"a-file/cache.*LLMWALK_CACHE"):
         lw.load_model(progress=False)
 
@@ -98,7 +99,7 @@ CHILD = r"""
 import encodings.ascii, hashlib, os, shutil, sys, time
 import filelock, safetensors.torch                  # imported before dropping root: the other user may not be able
 import llmwalk as lw                                # to read the interpreter's own files
-from llmwalk import models
+from llmwalk import convert_gguf, model_cache
 
 source, umask, user, action = sys.argv[1:]
 os.umask(int(umask, 8))
@@ -109,7 +110,7 @@ if user == "other" and os.geteuid() == 0:
 
 def copy_conversion(path, name, out, progress):     # what the conversion writes, copied from the shared cache
     print("converted", flush=True)
-    for f in models.CACHED_FILES:
+    for f in model_cache.CACHED_FILES:
         shutil.copyfile(os.path.join(source, f), out / f)      # copyfile: created under this process's umask
     if action == "hang":
         print("converting", flush=True)
@@ -122,7 +123,7 @@ def no_conversion(*args):
 
 acquire = filelock.FileLock.acquire
 filelock.FileLock.acquire = lambda self, *a, **k: print("waiting", flush=True) or acquire(self, *a, **k)
-models._convert_gguf = no_conversion if action == "read" else copy_conversion
+convert_gguf.convert = no_conversion if action == "read" else copy_conversion
 try:
     m = lw.load_model(progress=False)
     print(hashlib.sha256(m.weights.blocks[7].attn_v.weight.numpy().tobytes()).hexdigest())
@@ -177,7 +178,7 @@ def test_two_concurrent_first_loads_share_one_conversion(tmp_path, expected):
     assert [lines[-1] for lines in results] == [expected, expected]
     assert sum(lines.count("converted") for lines in results) == 1       # the other one waited, then read
     assert leftovers(tmp_path) == []
-    assert models._cache_problem(converted_dir(tmp_path)) is None
+    assert model_cache._cache_problem(converted_dir(tmp_path)) is None
 
 
 def test_a_conversion_under_a_private_umask_is_readable_by_every_user(class_dir, expected):
@@ -185,7 +186,7 @@ def test_a_conversion_under_a_private_umask_is_readable_by_every_user(class_dir,
     assert result(child(cache, "convert", umask="077"))[-1] == expected
     entry = converted_dir(cache)
     assert (mode(cache), mode(entry), mode(cache / f"{entry.name}.lock")) == (0o755, 0o755, 0o666)
-    assert {f.name: mode(f) for f in entry.iterdir()} == {f: 0o644 for f in (*models.CACHED_FILES, models.MANIFEST)}
+    assert {f.name: mode(f) for f in entry.iterdir()} == {f: 0o644 for f in (*model_cache.CACHED_FILES, model_cache.MANIFEST)}
     assert result(child(cache, "read", user="other"))[-1] == expected
 
 
@@ -211,7 +212,7 @@ def test_an_old_private_entry_of_ours_is_made_readable_by_every_user_when_loaded
     entry.chmod(0o700)
     assert result(child(cache, "read"))[-1] == expected
     assert mode(entry) == 0o755 and {f.name: mode(f) for f in entry.iterdir()} == \
-        {f: 0o644 for f in (*models.CACHED_FILES, models.MANIFEST)}
+        {f: 0o644 for f in (*model_cache.CACHED_FILES, model_cache.MANIFEST)}
 
 
 def test_a_model_missing_from_a_read_only_cache_names_llmwalk_cache_and_the_fix(class_dir):
@@ -238,7 +239,7 @@ def test_another_users_private_conversion_fails_clearly_before_converting(class_
     assert lines[-1].startswith("CacheNotWritableError: ") and "LLMWALK_CACHE" in lines[-1], lines
     if lock_mode == 0o666:                              # it could take the lock, but not replace root's entry
         assert f"chmod -R a+rX '{entry}'" in lines[-1] and "not readable by this user" in lines[-1]
-    assert leftovers(cache) == [] and models._cache_problem(entry) is None
+    assert leftovers(cache) == [] and model_cache._cache_problem(entry) is None
 
 
 def test_the_staging_of_a_terminated_conversion_is_removed_by_the_next_load(tmp_path, expected):
@@ -252,7 +253,7 @@ def test_the_staging_of_a_terminated_conversion_is_removed_by_the_next_load(tmp_
     assert killed.returncode == -signal.SIGTERM
     assert leftovers(tmp_path) == [staging]             # what SIGTERM leaves: the process had no chance to clean up
     assert result(child(tmp_path, "convert"))[-1] == expected
-    assert leftovers(tmp_path) == [] and models._cache_problem(converted_dir(tmp_path)) is None
+    assert leftovers(tmp_path) == [] and model_cache._cache_problem(converted_dir(tmp_path)) is None
 
 
 def test_a_waiting_load_keeps_a_live_conversions_staging_and_removes_it_once_killed(tmp_path, expected):
@@ -279,7 +280,7 @@ def test_users_gguf_path_loads_like_transformers(tmp_path, monkeypatch, hf_smoll
         ref = hf_smollm2(torch.tensor([ids])).logits[0]
     ours = lw.forward(model, ids, record=False).logits
     assert (ours - ref).abs().max() <= 1e-3 and torch.equal(ours.argmax(-1), ref.argmax(-1))
-    monkeypatch.setattr(models, "_convert_gguf", no_conversion)             # the second load reads the cache
+    monkeypatch.setattr(convert_gguf, "convert", no_conversion)             # the second load reads the cache
     assert torch.equal(lw.load_model(path, progress=False).weights.token_embd, model.weights.token_embd)
 
 
@@ -299,8 +300,8 @@ def test_leftovers_next_to_a_complete_cache_go_unless_a_conversion_holds_the_loc
     stale = cache_copy.parent / f"{cache_copy.name}.tmp-killed"          # e.g. left by an older llmwalk version
     stale.mkdir()
     (stale / "model.safetensors").write_bytes(bytes(1000))
-    monkeypatch.setattr(models, "_convert_gguf", no_conversion)
-    lock = models._lock(cache_copy)
+    monkeypatch.setattr(convert_gguf, "convert", no_conversion)
+    lock = model_cache._lock(cache_copy)
     if converting_now:
         lock.acquire()
     try:

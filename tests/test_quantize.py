@@ -15,7 +15,7 @@ from llmwalk.layers import linear
 from llmwalk.models import REGISTRY, cache_dir
 from llmwalk import quantize
 from llmwalk.accuracy import activation_outliers, compare_to_fp32, eval_text
-from llmwalk.bench import KERNELS
+from llmwalk.quantize_kernels import KERNELS
 from llmwalk.quantize import (LINEARS, QuantizedTensor, dequantize_model, dequantize_tensor, dynamic_int8_logits,
                               model_weight_bytes, quantize_model, quantize_tensor)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from .. import cost
+from .. import cost, prompts
 from ..analysis import Pass, first_rounds, recorded_passes
 from ..generation import Generation, decoding_head, generate
 from ..i18n import t
@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from ..models import Model
 
 SECTION = "七"
-QUESTION = "法国的首都是什么"                 # SmolLM2: through its chat template
+QUESTION = prompts.QUESTION                 # SmolLM2: through its chat template
 GEMMA_PROMPT = "法国的首都是什么？\n"         # Gemma-3-270M is a base model: a plain question and a new line
-ENGLISH = "What is the capital of France?"   # SmolLM2 answers this one in one sentence and stops
+ENGLISH = prompts.ENGLISH_QUESTION           # SmolLM2 answers this one in one sentence and stops
 ARTICLE_ROUNDS = ("巴", "黎", "。", "[EOS]")
 ROUNDS = 16                                  # rounds shown for the Chinese question
 N = 50                                       # the article's "generating 50 tokens"

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .. import cost
+from .. import cost, prompts
 from ..accuracy import Comparison
 from ..analysis import (accuracy, decode_step_measured, eval_ids, kl_text, kv_cache_check, passes_per_token,
                         q4_1_grid_error, rank_of)
 from ..generation import Generation, generate
-from ..bench import BENCH_PROMPTS
 from ..i18n import t
 from . import yes
 from ..report import Claim, Table, Verdict, table
@@ -110,9 +109,9 @@ def small_loss(c: Comparison) -> bool:
 
 def speculative_run(model: "Model", prompt: str = "repeat", draft: Draft | None = None, k: int = SPEC_K,
                     max_new_tokens: int = SPEC_TOKENS) -> tuple[SpeculativeResult, Generation]:
-    """Greedy speculative decoding of one of bench.BENCH_PROMPTS (draft: prompt lookup unless given), and
+    """Greedy speculative decoding of one of prompts.SPECULATIVE_PROMPTS (draft: prompt lookup unless given), and
     plain greedy decoding of it."""
-    text, chat = BENCH_PROMPTS[prompt]
+    text, chat = prompts.SPECULATIVE_PROMPTS[prompt]
     chat = chat and bool(getattr(model.tokenizer, "chat_template", None))    # base models (GPT-2) have no template
     spec = speculative_generate(model, draft or PromptLookupDraft(), text, k=k, max_new_tokens=max_new_tokens, chat=chat)
     return spec, generate(model, text, max_new_tokens=max_new_tokens, chat=chat)
@@ -228,7 +227,7 @@ def _int8_claim(model: "Model", c: Comparison) -> Claim:
                           "fp32_bytes": c.fp32_weight_bytes, "flops_per_token": flops}, key="cost.int8")
 
 
-ANSWER_PROMPT, ANSWER = "The capital of France is", " Paris"   # the series' running example
+ANSWER_PROMPT, ANSWER = prompts.PROMPT, prompts.ANSWER   # the series' running example
 
 
 def _answer_rank(model: "Model") -> int:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from .. import cost
+from .. import cost, prompts
 from ..analysis import Pass, first_word_round, recorded_passes, timings
 from ..generation import Generation, generate
 from ..i18n import t
@@ -32,13 +32,13 @@ if TYPE_CHECKING:
     from ..models import Model
 
 SECTION = "九"
-ENGLISH = "What is the capital of France?"   # SmolLM2, chat template: one sentence, then the end token
+ENGLISH = prompts.ENGLISH_QUESTION           # SmolLM2, chat template: one sentence, then the end token
 TEMPERATURE, SEED = 0.7, 0                   # "Top-P 采样" with a chat temperature (section 六: T ≈ 0.7–1.0)
 PROMPT_LEN, NEW_TOKENS = 9, 50               # "输入 9 个 Token、输出 50 个 Token"
 ARTICLE_FLOPS = 18e9                         # "一次推理约 180 亿次浮点运算"
 GEMMA_TOKENS = 20                            # rounds given to Gemma-3 (a base model) on the Chinese question
 # notebook 01's three greedy journeys: the sentence SmolLM2 continues, QUESTION in its chat template, GEMMA_PROMPT
-CONTINUE, CONTINUE_TOKENS = "The capital of France is", 8
+CONTINUE, CONTINUE_TOKENS = prompts.PROMPT, 8
 QUESTION_TOKENS, GEMMA_ANSWER_TOKENS = 30, 6   # 30: notebook 01 runs to the end of a clause (，)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..analysis import (article_layers_gap, block_shapes, closest_layers, future_check, lens_path, norm_spread,
                         residual_steps)
+from .. import prompts
 from ..cost import gpt2_small
 from ..i18n import t
 from . import yes
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from ..models import Model
 
 SECTION = "四"
-PROMPT, ANSWER = "The capital of France is", " Paris"
+PROMPT, ANSWER = prompts.PROMPT, prompts.ANSWER
 OTHER, OTHER_ANSWER = "The capital of Germany is", " Berlin"   # one token differs
 SAME = 1e-4          # "the same numbers": float32 round-off stays far below this
 SMALL_STEP = 0.9     # a layer "adds to" the stream when its output keeps this cosine with its input

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..analysis import next_char_prob, rank_of, top_tokens, word_probs
+from .. import prompts
 from ..cost import gpt2_small
 from ..head import lm_head, softmax
 from ..i18n import t
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
     from ..models import Model
 
 SECTION = "五"
-PROMPT, ANSWER = "The capital of France is", " Paris"
-QUESTION = "法国的首都是什么"                       # the article's question, as printed
+PROMPT, ANSWER = prompts.PROMPT, prompts.ANSWER
+QUESTION = prompts.QUESTION                       # the article's question, as printed
 GEMMA_QUESTION = "法国的首都是什么？\n"              # with its question mark and a line break: Gemma answers on the next line
 GEMMA_PREFIX = "法国的首都是"                       # "The capital of France is", in Chinese
 GEMMA_ANSWER_START = ("法国", "的", "首都", "是")   # how Gemma-3 greedily begins its answer (tests check it)

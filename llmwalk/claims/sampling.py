@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..analysis import Loop, Run, entropy, find_loop, kept, next_token_logits, study_summary, temperature_study
+from .. import prompts
 from ..generation import decoding_head, generate
 from ..i18n import t
 from . import listed, yes
@@ -21,8 +22,8 @@ if TYPE_CHECKING:
     from ..models import Model
 
 SECTION = "六"
-QUESTION = "法国的首都是什么"                  # the article's question, sent through the chat template
-NARROW = "The capital of France is"           # one answer dominates
+QUESTION = prompts.QUESTION                  # the article's question, sent through the chat template
+NARROW = prompts.PROMPT                      # one answer dominates
 WIDE = "My favourite food is"                 # many answers are fine
 LOOP_PROMPT = "I like cats. I like dogs. I like"   # repetitive, base-model style: built to loop
 PLAIN_PROMPTS = (NARROW, WIDE)                    # plain prompts: does greedy loop "easily", without the help?

@@ -5,6 +5,7 @@ cuts are reported beside it when their tokenizers are passed in.
 """
 from __future__ import annotations
 
+from .. import prompts
 from ..cost import flops_by_stage, gpt2_config
 from ..i18n import t
 from . import named
@@ -13,9 +14,9 @@ from ..report import Claim, Table, Verdict, table
 from ..tokens import Tokenizer, gpt2_tokenizer
 
 SECTION = "二"
-QUESTION = "法国的首都是什么"               # the article's sentence, as printed
+QUESTION = prompts.QUESTION               # the article's sentence, as printed
 QUESTION_MARKED = QUESTION + "？"          # with the full-width question mark the article's punctuation remark implies
-ENGLISH = "What is the capital of France?"
+ENGLISH = prompts.ENGLISH_QUESTION
 ARTICLE_IDS = {                          # the article's "tokenizer output"
     QUESTION: [1374, 11223, 1585, 3425, 30, 40674],
     "巴黎": [1585],

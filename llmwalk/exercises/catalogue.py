@@ -18,6 +18,7 @@ from .. import (Block, Config, Linear, Model, Norm, Weights, apply_rope, apply_t
                 norm, rms_norm, rope_angles, softmax, token_embedding, top_k_filter, top_p_filter)
 from ..attribution import direct_parts
 from ..i18n import t
+from ..prompts import PROMPT
 from ..quantize import quantize_tensor
 from ..speculative import speculative_accept
 from .grader import Case, Exercise
@@ -298,7 +299,7 @@ def _smollm2_layer3() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     them ([out, in]; llmwalk keeps them as [in, out]).  # x [5, 576], w_gate/w_up [1536, 576], w_down [576, 1536]"""
     model = load_model(progress=False)
     block = model.weights.blocks[3]
-    x = forward(model, model.tokenizer.encode("The capital of France is")).layers[3].ffn_in
+    x = forward(model, model.tokenizer.encode(PROMPT)).layers[3].ffn_in
     return x, *(w.weight.T.contiguous() for w in (block.ffn_gate, block.ffn_up, block.ffn_down))
 
 
@@ -391,7 +392,7 @@ def _lens_reference(resid: Tensor, weight: Tensor, eps: float, W_U: Tensor) -> T
 def _smollm2_lens_args() -> tuple[Tensor, Tensor, float, Tensor]:
     """The real thing: the last token's residual stream of "The capital of France is", emb + every layer."""
     model = load_model(progress=False)
-    trace = forward(model, model.tokenizer.encode("The capital of France is"))
+    trace = forward(model, model.tokenizer.encode(PROMPT))
     return trace.resid[:, -1], model.weights.output_norm.weight, model.config.norm_eps, model.weights.output
 
 

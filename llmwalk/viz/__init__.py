@@ -5,8 +5,8 @@ close). The only part of llmwalk that imports matplotlib and ipywidgets.
 """
 from . import _draw
 from .attribution import direct_vs_total, logit_attribution_bars
-from .attention import (attention_heads, attention_heatmap, attention_step, attention_step_widget,
-                        last_token_attention, mask_and_attention, mask_plot)
+from .attention import (attention_heads, attention_heatmap, attention_step, last_token_attention,
+                        mask_and_attention, mask_plot)
 from .cost import (error_histogram, flops_bars, memory_bars, pass_cost, speculative_timeline, stage_timeline,
                    time_per_token)
 from .embedding import order_demo, position_table, rope_frequencies, similarity_matrix, vector_strips
@@ -16,10 +16,11 @@ from .journey import journey_diagram, pipeline_diagram
 from .layers import (ablation_sweep, block_diagram, ffn_activations, ffn_widths, intervention_bars, norm_stats,
                      patching_heatmap, residual_norms)
 from .lens import logit_lens_grid, logit_lens_top, token_rank
+from .plot_widget import PlotWidget, png
 from .sampling import prob_bars, sample_histogram, sampling_panel, surgery_plot
 from .tokens import piece_labels, token_chips, token_chips_compare
-from .widgets import (PlotWidget, attention_widget, cost_widget, generation_widget, logit_lens_widget,
-                      next_token_widget, png, sampling_widget, similarity_widget, token_chips_widget)
+from .widgets import (attention_step_widget, attention_widget, cost_widget, generation_widget, logit_lens_widget,
+                      next_token_widget, sampling_widget, similarity_widget, token_chips_widget)
 
 use_cjk_font()
 _draw.show_figures_in_ipython()

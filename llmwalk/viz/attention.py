@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from ..i18n import t
 from ..layers import attention_scores, causal_mask
-from ._draw import cell_text, every_nth, heatmap, labels, new_figure, show_piece
+from ._draw import cell_text, every_nth, heatmap, labels, new_figure
 
 NUMBERS_UP_TO = 14        # tokens: a grid this small gets each weight written in its cell
 ROWS_UP_TO = 30           # tokens: attention_step writes each row's value next to its bar up to this many keys
@@ -171,22 +171,6 @@ def update_attention_step(fig: Figure, trace, model, layer: int, head: int, quer
     return [*ax_s.patches, *ax_s.lines, *ax_s.spines.values(), ax_s.xaxis, *ax_s.texts,
             *ax_w.patches, *ax_w.lines, *ax_w.spines.values(), *ax_w.texts,
             ax_v.images[0], *ax_v.lines, *ax_v.spines.values(), fig.axes[3].yaxis, fig.texts[0]]
-
-
-def attention_step_widget(trace, model):
-    """Layer, head and query-token controls bound to attention_step (its static twin), redrawn in place."""
-    import ipywidgets as W
-    from .widgets import PlotWidget                         # widgets imports this module: import here, not above
-    n_layer, n_head, n = len(trace._recorded("attn")), model.config.n_head, len(trace.ids)
-    tokens = [(f"{i}: {show_piece(p)}", i) for i, p in enumerate(model.tokenizer.pieces(trace.ids))]
-    return PlotWidget(lambda layer, head, query: attention_step(trace, model, layer, head, query), {
-        "layer": W.IntSlider(value=0, min=0, max=n_layer - 1, description=t("viz.widgets.layer"),
-                             continuous_update=False),
-        "head": W.IntSlider(value=0, min=0, max=n_head - 1, description=t("viz.widgets.head"),
-                            continuous_update=False),
-        "query": W.Dropdown(options=tokens, value=n - 1, description=t("viz.widgets.query_token"))},
-        update=lambda fig, layer, head, query: update_attention_step(fig, trace, model, layer, head, query),
-        fixed_layout=True, blit=True)
 
 
 def attention_heatmap(trace, tokenizer, layer: int = 0, head: int = 0) -> Figure:

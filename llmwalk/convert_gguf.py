@@ -1,0 +1,223 @@
+"""GGUF files (the offline models are GGUF): the header checked before anything trusts it, the architecture read
+from the metadata, and every tensor dequantized into llmwalk's fp32 weights (once: `model_cache.py` keeps them).
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .checkpoint import CorruptModelFileError, UnsupportedModelError, finish, weights_from_flat
+from .model_cache import save_converted
+from .tokens import TokenizerMeta
+from .weights import Config
+
+# A GGUF file states every count and length it holds (metadata arrays, strings, tensors and their shapes), and
+# gguf's GGUFReader trusts them: an array claiming 10^12 elements in a 178-byte file loops forever. So the header
+# is walked once here first, and each claim is checked against the bytes the file still has and against a bound
+# no model llmwalk can run comes near, before GGUFReader (or a hash of the whole file) touches it.
+GGUF_MAX_ITEMS = 1 << 24        # entries of one array, keys, tensors (Gemma-3's vocabulary: 262,144 tokens)
+GGUF_MAX_PARAMS = 2 * 10**9     # llmwalk converts to fp32 in memory: 8 GB of weights
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}   # GGUFValueType -> size
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+class _GGUFHeader:
+    """A cursor over a GGUF file's header that refuses any claim the file's remaining bytes cannot hold."""
+
+    def __init__(self, path: Path, data):
+        self.path, self.data, self.pos = path, data, 0
+
+    def refuse(self, claim: str):
+        raise CorruptModelFileError(f"{self.path} is not a readable GGUF file: {claim} (the file has "
+                                    f"{len(self.data)} bytes); it is damaged or not a model, re-download it")
+
+    def skip(self, n: int, what: str) -> int:
+        """Move past `n` bytes; where they start."""
+        if n > len(self.data) - self.pos:
+            self.refuse(f"{what} claims {n} bytes at offset {self.pos}")
+        self.pos += n
+        return self.pos - n
+
+    def take(self, n: int, what: str) -> bytes:
+        return self.data[self.skip(n, what):self.pos]
+
+    def uint(self, n: int, what: str) -> int:
+        return int.from_bytes(self.take(n, what), "little")
+
+    def count(self, what: str, min_bytes: int) -> int:
+        """A count of items that take at least `min_bytes` each."""
+        n = self.uint(8, what)
+        if n > GGUF_MAX_ITEMS or n * min_bytes > len(self.data) - self.pos:
+            self.refuse(f"{what} claims {n} items")
+        return n
+
+    def string(self, what: str) -> bytes:
+        return self.take(self.uint(8, f"{what} (length)"), what)
+
+    def value(self, vtype: int, what: str, depth: int = 0) -> None:
+        size = _GGUF_SCALAR_BYTES.get(vtype)
+        if size:
+            self.skip(size, what)
+        elif vtype == _GGUF_STRING:
+            self.skip(self.uint(8, what), what)
+        elif vtype == _GGUF_ARRAY and depth < 2:
+            itype = self.uint(4, what)
+            size = _GGUF_SCALAR_BYTES.get(itype)
+            n = self.count(what, size or 8)             # a string or an array takes at least 8 bytes
+            if size:                                    # fixed-size elements: no need to walk them
+                self.skip(n * size, what)
+            else:
+                for _ in range(n):
+                    self.value(itype, what, depth + 1)
+        else:
+            self.refuse(f"{what} has value type {vtype} (nested {depth} deep), which GGUF models do not use")
+
+
+def check_gguf(path: Path) -> None:
+    """CorruptModelFileError unless `path` is a GGUF file whose header claims only what its size can hold."""
+    import mmap
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size < 24 or f.read(4) != b"GGUF":
+            raise CorruptModelFileError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'): "
+                                        "load a .gguf model file, or a Hugging Face directory")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            h = _GGUFHeader(path, data)
+            h.skip(4, "magic")
+            version = h.uint(4, "version")
+            if version not in (2, 3):
+                h.refuse(f"GGUF version {version} (llmwalk reads versions 2 and 3, little-endian)")
+            n_tensors = h.count("the tensor count", 24)
+            for _ in range(h.count("the metadata key count", 13)):
+                key = h.string("a metadata key").decode("utf-8", "replace")
+                h.value(h.uint(4, f"metadata {key!r}"), f"metadata {key!r}")
+            infos, params = [], 0
+            for _ in range(n_tensors):
+                name = h.string("a tensor name").decode("utf-8", "replace")
+                n_dims = h.uint(4, f"tensor {name!r}")
+                if not 1 <= n_dims <= 4:
+                    h.refuse(f"tensor {name!r} has {n_dims} dimensions (GGUF allows 1 to 4)")
+                dims = [h.uint(8, f"tensor {name!r}") for _ in range(n_dims)]
+                kind, offset = h.uint(4, f"tensor {name!r}"), h.uint(8, f"tensor {name!r}")
+                infos.append((name, dims, kind, offset))
+            for name, dims, kind, offset in infos:      # tensor data starts after the header
+                if kind not in set(GGMLQuantizationType):
+                    h.refuse(f"tensor {name!r} has an unknown type {kind}")
+                block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+                n = math.prod(dims)
+                if dims[0] % block or offset + n // block * block_bytes > len(data) - h.pos:
+                    h.refuse(f"tensor {name!r} claims shape {dims} of {GGMLQuantizationType(kind).name} at "
+                             f"offset {offset}")
+                params += n
+            if params > GGUF_MAX_PARAMS:
+                raise UnsupportedModelError(f"{path} holds {params:,} parameters; llmwalk computes in fp32 in "
+                                            f"memory and loads models up to {GGUF_MAX_PARAMS:,}: pick a smaller model")
+
+
+def read_gguf(path: Path):
+    """gguf's GGUFReader on `path`, once its header is checked; CorruptModelFileError when it cannot be read."""
+    import gguf
+    check_gguf(path)
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:
+        raise CorruptModelFileError(f"{path} is not a readable GGUF file ({e}); re-download or reinstall it") from e
+
+
+def _gguf_field(reader, key, default=None):
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's reordering of q/k rows (interleaved RoPE pairs) back to Hugging Face's half-split order."""
+    out_dim = w.shape[0]
+    return w.reshape(n_head, out_dim // n_head // 2, 2, -1).swapaxes(1, 2).reshape(w.shape)
+
+
+GGUF_REQUIRED = ("block_count", "embedding_length", "attention.head_count", "feed_forward_length",
+                 "context_length", "attention.layer_norm_rms_epsilon")      # under the architecture's prefix
+
+
+def gguf_config(reader, name: str, path: Path | None = None) -> Config:
+    """Read the architecture numbers from GGUF metadata (`path` names the file in errors)."""
+    arch = _gguf_field(reader, "general.architecture")
+    if arch not in ("llama", "gemma3"):
+        raise UnsupportedModelError(f"GGUF architecture {arch!r} is not supported: llmwalk runs llama and gemma3 "
+                                    "GGUF files")
+    g = lambda key, default=None: _gguf_field(reader, f"{arch}.{key}", default)   # noqa: E731
+    keys = [f"{arch}.{k}" for k in GGUF_REQUIRED + (("attention.sliding_window",) if arch == "gemma3" else ())]
+    missing = [k for k in keys + ["tokenizer.ggml.tokens"] if k not in reader.fields]
+    if missing:
+        raise CorruptModelFileError(f"{path or name} lacks the GGUF metadata {', '.join(missing)}: the file is "
+                                    "incomplete; re-download it, or convert the model again with llama.cpp's "
+                                    "convert_hf_to_gguf.py")
+    scaling = g("rope.scaling.type", "none")
+    if scaling != "none" or any(t.name == "rope_freqs.weight" for t in reader.tensors):
+        raise UnsupportedModelError(f"{name}: RoPE scaling ({scaling if scaling != 'none' else 'rope_freqs'}, "
+                                    "e.g. Llama-3.1+) is not supported; llmwalk computes plain RoPE")
+    for key in ("attention.head_count", "attention.head_count_kv", "feed_forward_length"):
+        if not isinstance(g(key, 0), (int, np.integer)):
+            raise UnsupportedModelError(f"{name}: {arch}.{key} differs per layer, which llmwalk does not support")
+    d_model, n_head = int(g("embedding_length")), int(g("attention.head_count"))
+    if n_head < 1:
+        raise CorruptModelFileError(f"{path or name}: {arch}.attention.head_count is {n_head}, it must be >= 1; "
+                                    "the file is damaged, re-download it")
+    d_head = int(g("attention.key_length", d_model // n_head))
+    n_layer = int(g("block_count"))
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    tied = not any(t.name == "output.weight" for t in reader.tensors)
+    eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id")
+    common = dict(name=name, family=arch, n_layer=n_layer, n_head=n_head, n_kv_head=int(g("attention.head_count_kv", n_head)),
+                  d_model=d_model, d_head=d_head, d_ff=int(g("feed_forward_length")), vocab_size=vocab,
+                  context_length=int(g("context_length")), norm="rmsnorm",
+                  norm_eps=float(g("attention.layer_norm_rms_epsilon")), position="rope",
+                  tied_embeddings=tied, rope_theta=float(g("rope.freq_base", 10000.0)),
+                  bos_token_id=_gguf_field(reader, "tokenizer.ggml.bos_token_id"),
+                  eos_token_ids=(int(eos),) if eos is not None else ())
+    if arch == "llama":
+        return Config(ffn="swiglu", **common)
+    # Gemma-3: every 6th layer attends globally, the others within a sliding window with a local RoPE base;
+    # embeddings are scaled by sqrt(d_model); q and k are RMS-normalized per head; sandwich norms.
+    return Config(ffn="geglu", rope_theta_local=10000.0, sliding_window=int(g("attention.sliding_window")),
+                  global_layers=tuple(i for i in range(n_layer) if (i + 1) % 6 == 0),
+                  embed_scale=float(np.float32(d_model ** 0.5)), qk_norm=True, sandwich_norm=True, **common)
+
+
+def convert(path: Path, name: str, out: Path, progress: bool) -> None:
+    """Dequantize every tensor of a GGUF file into llmwalk's fp32 weights, written into the directory `out`."""
+    from gguf.quants import dequantize
+    from tqdm.auto import tqdm
+    reader = read_gguf(path)
+    config = gguf_config(reader, name, path)
+    flat: dict[str, Tensor] = {}
+    for t in tqdm(reader.tensors, desc=f"{name}: dequantizing GGUF to fp32 (first load only)", disable=not progress):
+        w = dequantize(t.data, t.tensor_type).astype(np.float32)     # numpy shape [d_out, d_in] for matrices
+        key = t.name.removesuffix(".weight").replace("blk.", "blocks.")
+        if config.family == "llama" and key.endswith(("attn_q", "attn_k")):
+            w = _reverse_permute(w, config.n_head if key.endswith("attn_q") else config.n_kv_head)
+        if w.ndim == 2 and key not in ("token_embd", "output"):
+            w = w.T                                                    # llmwalk computes x @ W: [d_in, d_out]
+        flat[key if key in ("token_embd", "output") else f"{key}.weight"] = torch.from_numpy(np.ascontiguousarray(w))
+    model = finish(config, weights_from_flat(flat, config, str(path)), None, str(path))
+    _save_gguf_tokenizer(path, name, out)
+    save_converted(model, out)
+
+
+def _save_gguf_tokenizer(path: Path, name: str, out: Path) -> None:
+    """Build the model's tokenizer from the vocabulary inside the GGUF file (via transformers, once)."""
+    from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    except (KeyError, IndexError, ValueError) as e:     # e.g. KeyError('scores'), from deep in transformers
+        raise CorruptModelFileError(f"{path}: transformers cannot build its tokenizer from the tokenizer.ggml.* "
+                                    f"metadata ({type(e).__name__}: {e}): they are incomplete; re-download the file, "
+                                    "or convert the model again with llama.cpp's convert_hf_to_gguf.py") from e
+    tok.backend_tokenizer.save(str(out / "tokenizer.json"))
+    TokenizerMeta(name=name, chat_template=tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token,
+                  eos_token_ids=(tok.eos_token_id,)).save(out / "tokenizer_meta.json")
