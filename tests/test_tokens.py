@@ -31,9 +31,18 @@ def hf_gpt2_reference():
     return ByteLevelBPETokenizer(str(gpt2_files() / "encoder.json"), str(gpt2_files() / "vocab.bpe"))
 
 
+def test_gpt2_hashes_are_the_ones_tiktoken_checks(monkeypatch):
+    """GPT2_HASHES equals what tiktoken's own GPT-2 loader passes to its hash check (its download, intercepted)."""
+    from tiktoken_ext import openai_public
+    passed = {}
+    monkeypatch.setattr(openai_public, "data_gym_to_mergeable_bpe_ranks", lambda **kwargs: passed.update(kwargs) or {})
+    openai_public.gpt2()
+    assert {key: passed[key] for key in tokens.GPT2_HASHES} == tokens.GPT2_HASHES
+
+
 def test_gpt2_files_have_tiktokens_own_hashes():
     import tiktoken
-    expected = tokens._tiktoken_gpt2_hashes()
+    expected = tokens.GPT2_HASHES
     assert hashlib.sha256((gpt2_files() / "vocab.bpe").read_bytes()).hexdigest() == expected["vocab_bpe_hash"]
     assert hashlib.sha256((gpt2_files() / "encoder.json").read_bytes()).hexdigest() == expected["encoder_json_hash"]
     assert isinstance(lw.gpt2_tokenizer().encoding, tiktoken.Encoding)
@@ -46,7 +55,7 @@ def test_gpt2_hash_check_rejects_a_changed_file(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "cache"))
     with pytest.raises(ValueError, match="[Hh]ash"):
         data_gym_to_mergeable_bpe_ranks(str(tmp_path / "vocab.bpe"), str(tmp_path / "encoder.json"),
-                                        **tokens._tiktoken_gpt2_hashes())
+                                        **tokens.GPT2_HASHES)
 
 
 @pytest.mark.parametrize("text", TEXTS)

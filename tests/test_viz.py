@@ -4,8 +4,8 @@ import warnings
 from types import SimpleNamespace
 
 import matplotlib
-
-matplotlib.use("Agg")
+from viz_fixtures import PROMPT, logits, model, pytestmark, texts, tok, trace  # noqa: F401  fixtures
+from viz_fixtures import QUESTION as ZH
 
 import ipywidgets as W  # noqa: E402
 import numpy as np  # noqa: E402
@@ -24,38 +24,6 @@ from llmwalk.quantize import dequantize_tensor, quantize_tensor  # noqa: E402
 from llmwalk.sampling import probs_after, surgery  # noqa: E402
 from llmwalk.viz import fonts  # noqa: E402
 from llmwalk.viz._draw import show_piece, si  # noqa: E402
-
-PROMPT = "The capital of France is"
-ZH = "法国的首都是什么"
-
-
-pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
-
-
-@pytest.fixture(scope="module")
-def model(smollm2):
-    return smollm2
-
-
-@pytest.fixture(scope="module")
-def tok(model):
-    return model.tokenizer
-
-
-@pytest.fixture(scope="module")
-def trace(model, tok):
-    return lw.forward(model, tok.encode(PROMPT))
-
-
-@pytest.fixture(scope="module")
-def logits(trace):
-    return trace.logits[-1]
-
-
-def texts(fig: Figure) -> list[str]:
-    """Every text drawn in a figure (titles, tick labels, annotations)."""
-    return [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
-
 
 def signature(fig: Figure) -> tuple:
     """What a figure shows: its texts, image data and patch geometry (PNG bytes also depend on layout passes)."""

@@ -1,8 +1,6 @@
 """The attention-by-hand and intervention plots draw the numbers the model computed (checked against the trace
 and against a hand computation), and the step widget follows its static twin."""
-import matplotlib
-
-matplotlib.use("Agg")
+from viz_fixtures import pytestmark, trace  # noqa: F401  fixtures
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -10,15 +8,6 @@ import torch  # noqa: E402
 
 import llmwalk as lw  # noqa: E402
 import llmwalk.viz as viz  # noqa: E402
-from llmwalk import interventions as iv  # noqa: E402
-
-pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
-
-
-@pytest.fixture(scope="module")
-def trace(smollm2):
-    return lw.forward(smollm2, smollm2.tokenizer.encode("The capital of France is"))
-
 
 @pytest.mark.parametrize("layer,head,query", [(23, 4, -1), (16, 0, 2), (0, 8, 0)])
 def test_attention_step_draws_scores_weights_and_the_mix(smollm2, trace, layer, head, query):

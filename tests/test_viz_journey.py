@@ -3,9 +3,8 @@ and the pipeline diagram (01)."""
 import dataclasses
 import re
 
-import matplotlib
-
-matplotlib.use("Agg")
+from viz_fixtures import PROMPT, pytestmark, texts  # noqa: F401  fixtures
+from viz_fixtures import ENGLISH_QUESTION as QUESTION
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -15,13 +14,6 @@ import llmwalk as lw  # noqa: E402
 import llmwalk.viz as viz  # noqa: E402
 from llmwalk.viz._draw import show_piece  # noqa: E402
 
-PROMPT = "The capital of France is"
-QUESTION = "What is the capital of France?"
-
-
-pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
-
-
 @pytest.fixture(scope="module")
 def answer(smollm2):
     return lw.generate(smollm2, PROMPT, 7)
@@ -30,11 +22,6 @@ def answer(smollm2):
 @pytest.fixture(scope="module")
 def chat_journey(smollm2):
     return lw.journey(smollm2, QUESTION, chat=True, max_new_tokens=20)
-
-
-def texts(fig: Figure) -> list[str]:
-    """Every text drawn in a figure (titles, tick labels, annotations)."""
-    return [t.get_text() for t in fig.findobj(matplotlib.text.Text)]
 
 
 # ---------------------------------------------------------------- a slice of the rounds

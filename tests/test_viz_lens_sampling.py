@@ -3,9 +3,7 @@ value labels clear of the cumulative line and the red ticks, legends clear of ev
 import copy
 from types import SimpleNamespace
 
-import matplotlib
-
-matplotlib.use("Agg")
+from viz_fixtures import model, pytestmark, trace  # noqa: F401  fixtures
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -19,22 +17,6 @@ import llmwalk as lw  # noqa: E402
 import llmwalk.viz as viz  # noqa: E402
 
 from markers import needs_gemma  # noqa: E402
-
-PROMPT = "The capital of France is"
-
-
-pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
-
-
-@pytest.fixture(scope="module")
-def model(smollm2):
-    return smollm2
-
-
-@pytest.fixture(scope="module")
-def trace(model):
-    return lw.forward(model, model.tokenizer.encode(PROMPT))
-
 
 @pytest.fixture(scope="module")
 def wide(model):

@@ -48,13 +48,12 @@ def _first_match(got, candidates: dict[str, object]) -> str | None:
 
 def gpt2_ranks() -> dict[bytes, int]:
     """GPT-2's merge table, token bytes -> rank (lower merges first): a copy of tiktoken's, yours to change."""
-    return dict(gpt2_tokenizer().encoding._mergeable_ranks)
+    return dict(gpt2_tokenizer().ranks)
 
 
 def _bpe_reference(piece: bytes, ranks: dict[bytes, int]) -> list[bytes]:
-    """tiktoken's own byte-pair merge of one pre-split piece."""
-    encoding = gpt2_tokenizer().encoding
-    return [encoding.decode_single_token_bytes(i) for i in encoding._encode_single_piece(piece)]
+    """tiktoken's own byte-pair merge of one pre-split piece (GPT-2's ranks: the cases pass gpt2_ranks())."""
+    return gpt2_tokenizer().merge(piece)
 
 
 def _bpe_cases() -> list[Case]:
