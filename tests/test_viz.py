@@ -4,26 +4,26 @@ import warnings
 from types import SimpleNamespace
 
 import matplotlib
-from viz_fixtures import PROMPT, logits, model, pytestmark, texts, tok, trace  # noqa: F401  fixtures
+from viz_fixtures import PROMPT, logits, model, pytestmark, texts, tok, trace  # noqa: F401  fixtures; first: Agg
 from viz_fixtures import QUESTION as ZH
 
-import ipywidgets as W  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-from matplotlib import font_manager, rcParams  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import ipywidgets as W
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from matplotlib import font_manager, rcParams
+from matplotlib.figure import Figure
 
-import llmwalk as lw  # noqa: E402
-import llmwalk.viz as viz  # noqa: E402
-from llmwalk.cost import decode_step_flops, flops_by_stage, gpt2_config, weight_bytes  # noqa: E402
-from llmwalk.generation import generate  # noqa: E402
-from llmwalk.quantize import dequantize_tensor, quantize_tensor  # noqa: E402
-from llmwalk.sampling import probs_after, surgery  # noqa: E402
-from llmwalk.viz import fonts  # noqa: E402
-from llmwalk.viz._draw import show_piece, si  # noqa: E402
+import llmwalk as lw
+import llmwalk.viz as viz
+from llmwalk.cost import decode_step_flops, flops_by_stage, gpt2_config, weight_bytes
+from llmwalk.generation import generate
+from llmwalk.quantize import dequantize_tensor, quantize_tensor
+from llmwalk.sampling import probs_after, surgery
+from llmwalk.viz import fonts
+from llmwalk.viz._draw import show_piece, si
 
 def signature(fig: Figure) -> tuple:
     """What a figure shows: its texts, image data and patch geometry (PNG bytes also depend on layout passes)."""

@@ -1,13 +1,14 @@
 """The attention-by-hand and intervention plots draw the numbers the model computed (checked against the trace
 and against a hand computation), and the step widget follows its static twin."""
-from viz_fixtures import pytestmark, trace  # noqa: F401  fixtures
+import matplotlib
+from viz_fixtures import model, pytestmark, trace  # noqa: F401  fixtures; first: Agg
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import pytest
+import torch
 
-import llmwalk as lw  # noqa: E402
-import llmwalk.viz as viz  # noqa: E402
+import llmwalk as lw
+import llmwalk.viz as viz
 
 @pytest.mark.parametrize("layer,head,query", [(23, 4, -1), (16, 0, 2), (0, 8, 0)])
 def test_attention_step_draws_scores_weights_and_the_mix(smollm2, trace, layer, head, query):

@@ -3,16 +3,16 @@ and the pipeline diagram (01)."""
 import dataclasses
 import re
 
-from viz_fixtures import PROMPT, pytestmark, texts  # noqa: F401  fixtures
+from viz_fixtures import PROMPT, pytestmark, texts  # noqa: F401  fixtures; first: Agg
 from viz_fixtures import ENGLISH_QUESTION as QUESTION
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import pytest
+import torch
+from matplotlib.figure import Figure
 
-import llmwalk as lw  # noqa: E402
-import llmwalk.viz as viz  # noqa: E402
-from llmwalk.viz._draw import show_piece  # noqa: E402
+import llmwalk as lw
+import llmwalk.viz as viz
+from llmwalk.viz._draw import show_piece
 
 @pytest.fixture(scope="module")
 def answer(smollm2):

@@ -3,20 +3,20 @@ value labels clear of the cumulative line and the red ticks, legends clear of ev
 import copy
 from types import SimpleNamespace
 
-from viz_fixtures import model, pytestmark, trace  # noqa: F401  fixtures
+from viz_fixtures import model, pytestmark, trace  # noqa: F401  fixtures; first: Agg
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.transforms import Bbox  # noqa: E402
-from tokenizers import Tokenizer as HFBackend  # noqa: E402
-from tokenizers.processors import TemplateProcessing  # noqa: E402
+import numpy as np
+import pytest
+import torch
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.transforms import Bbox
+from tokenizers import Tokenizer as HFBackend
+from tokenizers.processors import TemplateProcessing
 
-import llmwalk as lw  # noqa: E402
-import llmwalk.viz as viz  # noqa: E402
+import llmwalk as lw
+import llmwalk.viz as viz
 
-from markers import needs_gemma  # noqa: E402
+from markers import needs_gemma
 
 @pytest.fixture(scope="module")
 def wide(model):
