@@ -59,6 +59,18 @@ def test_gpt2_hash_check_rejects_a_changed_file(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text", TEXTS)
+def test_gpt2_merge_of_each_piece_is_what_tiktoken_encodes(gpt2, text):
+    """merge(piece), the exercise's reference, is tiktoken's BPE of one pre-split piece: over the pieces GPT-2's
+    pattern cuts a text into (spaces, tabs, emoji, CJK), it gives the tokens tiktoken's encode gives."""
+    import regex
+    from tiktoken_ext import openai_public
+    pieces = regex.findall(openai_public.r50k_pat_str, text)
+    assert "".join(pieces) == text
+    merged = [b for piece in pieces for b in gpt2.merge(piece.encode())]
+    assert merged == [gpt2.token_bytes(i) for i in gpt2.encoding.encode_ordinary(text)]
+
+
+@pytest.mark.parametrize("text", TEXTS)
 def test_gpt2_tiktoken_equals_reference_bpe(gpt2, hf_gpt2_reference, text):
     ours = gpt2.encode(text)
     if "<|endoftext|>" in text:    # the slow reference does not know special tokens; compare around them
