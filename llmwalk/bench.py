@@ -257,7 +257,8 @@ def bench_prefill(args: argparse.Namespace) -> None:
           "ratio: transformers' seconds / llmwalk's (above 1: llmwalk is faster).")
     contenders = {"llmwalk": lambda ids: llmwalk_run(model, ids, 1, True, head)()[0],
                   "transformers": lambda ids: transformers_run(hf, ids, 1)()[0]}
-    warm_up(*(partial(ttft, prompt_ids(model, 8)) for ttft in contenders.values()))
+    warm = prompt_ids(model, 8)
+    warm_up(*(partial(ttft, warm) for ttft in contenders.values()))
     header = f"{'prompt':>6} | {'llmwalk s':>9} {'transformers s':>14} | {'ratio':>6}"
     print(header)
     print("-" * len(header))
