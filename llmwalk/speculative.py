@@ -24,7 +24,7 @@ from torch import Tensor
 
 from .checks import is_int
 from .i18n import t
-from .generation import cut_at_eos, prepare
+from .generation import Answer, cut_at_eos, prepare
 from .kv_cache import KVCache
 from .sampling import Sampler
 from .walk import forward
@@ -283,14 +283,10 @@ class Round:
 
 
 @dataclass(frozen=True)
-class SpeculativeResult:
+class SpeculativeResult(Answer):
     """The result of speculative_generate: tokens and text as `generate` has them, and how the rounds went."""
 
-    prompt_ids: list[int]
-    new_ids: list[int]              # the EOS token, when generation stopped there, included
-    text: str
     rounds: list[Round]             # as verified: a round that produced EOS may hold tokens cut from new_ids
-    stopped: str                    # "eos" | "max_new_tokens"
     target_forward_passes: int      # one per round, plus the prefill of a prompt longer than one token
     seconds: float = field(compare=False)
 
@@ -303,10 +299,6 @@ class SpeculativeResult:
         """Share of the drafted tokens the target kept (nan when nothing was drafted)."""
         proposed = sum(len(r.proposed_ids) for r in self.rounds)
         return sum(r.accepted for r in self.rounds) / proposed if proposed else float("nan")
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.new_ids) / self.seconds
 
 
 def _round(target: "Model", draft: Draft, ids: list[int], cache: KVCache, k: int, sampler: Sampler,
@@ -343,10 +335,9 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
     if not isinstance(draft, Draft):
         raise TypeError(f"draft must be a Draft, got {type(draft).__name__}: wrap a small model as ModelDraft(model), "
                         "or use PromptLookupDraft() / EarlyExitDraft(target, n_layers)")
-    sampler = Sampler(temperature, top_k, top_p, min_p)
-    loop = prepare(target, prompt, max_new_tokens=max_new_tokens, sampler=sampler, seed=seed, generator=generator,
-                   chat=chat, stop_at_eos=stop_at_eos, top_n=0)
-    prompt_ids, cache = loop.prompt_ids, loop.cache
+    loop = prepare(target, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   seed=seed, generator=generator, chat=chat, stop_at_eos=stop_at_eos, top_n=0)
+    prompt_ids, cache, sampler = loop.prompt_ids, loop.cache, loop.sampler
     draft.reset(target.config, len(prompt_ids) + max_new_tokens)
     # Prefill all but the last prompt token (LM head on one row only): every round then feeds its last token.
     prefill = len(prompt_ids) > 1
@@ -360,7 +351,7 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
                              sampler, loop.generator))
         new += rounds[-1].new_ids
     new, text, stopped = cut_at_eos(target, new, loop.eos_ids)    # a round may have gone on past an end token
-    return SpeculativeResult(prompt_ids, new, text, rounds, stopped, len(rounds) + prefill,
+    return SpeculativeResult(prompt_ids, new, text, stopped, rounds, len(rounds) + prefill,
                              time.perf_counter() - tic)
 
 

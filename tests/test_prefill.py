@@ -1,5 +1,6 @@
-"""The fast path of passes that record nothing: layers.attention_fast (torch's fused attention) against the
-readable layers.attention it replaces, on SmolLM2's real weights (grouped-query attention, RoPE)."""
+"""The fast path of passes that record nothing: fast.attention (torch's fused attention), fast.norm, fast.ffn and
+rope_together against the readable layers.py functions they replace, on SmolLM2's real weights (grouped-query
+attention, RoPE), hooks included."""
 from dataclasses import replace
 
 import pytest
@@ -8,12 +9,8 @@ import torch
 import llmwalk as lw
 from llmwalk.embedding import apply_rope, rope_angles
 from llmwalk.kv_cache import KVCache
-from llmwalk.layers import SDPA_GQA, attention, attention_fast, causal_mask, norm, norm_fast, rope_together
-
-# The profiler tests name torch 2.13's operators (aten::scaled_dot_product_attention and the _math fallback it must
-# avoid); before torch 2.5 the fast path takes another route (layers.SDPA_GQA), which they do not describe.
-on_torch_2_5 = pytest.mark.skipif(not SDPA_GQA, reason=f"torch {torch.__version__} < 2.5: the profiler tests "
-                                  "describe the fused-kernel route of torch >= 2.5")
+from llmwalk.fast import attention as attention_fast, norm as norm_fast, rope_together
+from llmwalk.layers import attention, causal_mask, norm
 
 
 def _layer_input(model, t: int, seed: int = 0):
@@ -69,7 +66,6 @@ def test_attention_fast_without_mask_is_causal(smollm2):
     torch.testing.assert_close(fast.out, slow.out, atol=1e-5, rtol=0)
 
 
-@on_torch_2_5
 def test_prefill_runs_the_fused_kernel(smollm2):
     """The fast path must reach torch's fused attention kernel, not its fallback that stores the [T, S] scores
     (what 3-D or grouped-query inputs get: several times slower at long prompts)."""
@@ -103,7 +99,6 @@ def test_attention_fast_decoding_one_token(smollm2, window):
     assert (alone.out - fast.out).abs().amax() > 1e-2
 
 
-@on_torch_2_5
 def test_decoding_runs_one_fused_attention_per_layer(smollm2):
     """A decoding step of an unrecorded forward reaches the fused kernel in every layer, without the plain path's
     scores and softmax (the ~8 small operations per layer this fast path removes)."""
