@@ -220,7 +220,7 @@ def block_forward(x: Tensor, block: Block, config: Config, mask: Tensor | None,
     return BlockOut(attn_in, a, resid_mid, ffn_in, hidden, f_out, hook("resid_post", resid_mid + f_out))
 
 
-def post_norm(y: Tensor, w: Norm | None, config: Config, norm_: Callable = norm) -> Tensor:
+def post_norm(y: Tensor, w: Norm | None, config: Config, norm_: Callable[[Tensor, Norm, Config], Tensor]) -> Tensor:
     """What attention or the FFN adds, normalized first where the model has a norm there (Gemma-3's "sandwich"
     norms), else as it is.  # [T, d] -> [T, d]"""
     return y if w is None else norm_(y, w, config)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .checks import is_int
@@ -35,11 +36,6 @@ if TYPE_CHECKING:
 
 
 # ---------------------------------------------------------------- the rule
-
-def one_hot(ids: Sequence[int], vocab_size: int) -> Tensor:
-    """The distribution of a deterministic guess: all the mass on each token.  # [k] -> [k, vocab]"""
-    return torch.nn.functional.one_hot(torch.as_tensor(list(ids), dtype=torch.long), vocab_size).float()
-
 
 def draw(weights: Tensor, generator: torch.Generator | None = None) -> int:
     """One token id, with probability proportional to its weight.  # [vocab] -> int
@@ -135,7 +131,8 @@ def verify(p_target: Tensor, p_draft: Tensor | None, drafted: Sequence[int],
     if bad:
         raise ValueError(f"drafted ids {bad} are not token ids of a {p_target.shape[-1]}-token vocabulary: draft with "
                          "a model (or lookup) that shares the target's tokenizer")
-    q = p_draft if p_draft is not None else one_hot(drafted, p_target.shape[-1])
+    guessed = F.one_hot(torch.tensor(list(drafted), dtype=torch.long), p_target.shape[-1]).float()
+    q = p_draft if p_draft is not None else guessed          # a deterministic guess: all its mass on the token
     if p_target.shape[0] != k + 1 or q.shape[0] != k or q.shape[-1] != p_target.shape[-1]:
         raise ValueError(f"{k} drafted tokens need target rows [{k + 1}, vocab] and draft rows [{k}, vocab], got "
                          f"{list(p_target.shape)} and {list(q.shape)}: the draft must share the target's vocabulary")
