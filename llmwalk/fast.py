@@ -57,7 +57,8 @@ def attention(x: Tensor, block: Block, config: Config, mask: Tensor | None,
     """layers.attention through torch's fused scaled_dot_product_attention: the same output, weights None.
 
     mask=None: the plain causal mask over S = T positions (a whole prompt), which the kernel applies itself without
-    building it, or no mask at all for one new token (decoding), which sees every position.  # [T, d_model] -> [T, d_model]
+    building it, or no mask at all for one new token (decoding), which sees every position.
+    # [T, d_model] -> [T, d_model]
     """
     q, k, v = split_qkv(*linears(x, (block.attn_q, block.attn_k, block.attn_v)), block, config)
     q, k = rope_together(q, k, rope)
@@ -68,7 +69,9 @@ def attention(x: Tensor, block: Block, config: Config, mask: Tensor | None,
 
 
 def attend_all(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, config: Config) -> Tensor:
-    """Each head's mix of values for T queries at once.  # ([n_head, T, d_head], [n_kv_head, S, d_head] x 2) -> [n_head, T, d_head]
+    """Each head's mix of values for T queries at once.
+
+    # ([n_head, T, d_head], [n_kv_head, S, d_head] x 2) -> [n_head, T, d_head]
 
     torch's CPU flash kernel takes only 4-D [batch, head, T, d_head] inputs with as many key heads as query heads;
     anything else falls back to a plain implementation that stores the scores (several times slower). So each key
@@ -84,7 +87,8 @@ def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, config: Con
     """Each head's mix of values for one new token (decoding): one fused kernel over the cache instead of the ~8
     small operations of the plain path (scores, scale, mask, softmax, mix), reading the cached keys in place
     (enable_gqa: no copy per query head). The one query is the last position, so it sees every key: no causal mask
-    (is_causal would align it with key 0); `mask` [1, S] only for a sliding window.  # q [n_head, 1, d_head] -> [n_head, 1, d_head]
+    (is_causal would align it with key 0); `mask` [1, S] only for a sliding window.
+    # ([n_head, 1, d_head], [n_kv_head, S, d_head] x 2) -> [n_head, 1, d_head]
     """
     return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=config.scale,
                                           enable_gqa=True)[0]

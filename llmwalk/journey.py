@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from .models import Model
 
 
-def timed_forward(model: "Model", ids: Sequence[int] | Tensor, *, last_only: bool = False) -> tuple[Trace, dict[str, float]]:
+def timed_forward(model: "Model", ids: Sequence[int] | Tensor, *,
+                  last_only: bool = False) -> tuple[Trace, dict[str, float]]:
     """forward(model, ids), recorded, and the wall seconds of each of its stages in the order they ran: "embedding",
     "layer 0" … "layer N-1", "final norm", "lm head".
 

@@ -1,7 +1,7 @@
 """Section 四: the layer every token passes through N times — norm, attention, FFN, residual.
 
 The readable stages, one idea per function (notebook 04 rebuilds attention from its four steps). Passes that record
-nothing run the same block with fast.FAST, torch's fused versions of the norm, attention and FFN (tests/test_prefill.py).
+nothing run the same block with fast.FAST, torch's fused norm, attention and FFN (tested equal: tests/test_prefill.py).
 """
 from __future__ import annotations
 

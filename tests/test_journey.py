@@ -50,3 +50,22 @@ def test_journey_stages_speak_the_current_language(smollm2):
     assert [s[1] for s in zh] == ["文本 → 5 个 id", "[5] → [5, 576]", "[5, 576] → [5, 576]", "[576] → [576]",
                                   "[576] → [49152] 个 logit", "[49152] 个概率", "1 个 id"]
     assert [s[2] for s in zh] == [s[2] for s in j.stages()]           # the same timings, only the names differ
+
+
+def test_timed_forward_times_each_stage_in_order_and_changes_nothing(smollm2, monkeypatch):
+    """Stage timings through forward's hook points: one reading at each stage's end, in the order the stages run,
+    and a trace equal to forward's (the timing hooks return what they were given; their names are not reported)."""
+    ids = smollm2.tokenizer.encode("The capital of France is")
+    plain = lw.forward(smollm2, ids, last_only=True)
+    readings = []
+
+    def clock() -> float:                       # records which hook point is running when the clock is read
+        readings.append(len(readings))
+        return float(len(readings) ** 2)         # stage i lasts (i+1)² - i²: each stage gets its own duration
+    monkeypatch.setattr(time, "perf_counter", clock)
+    trace, seconds = lw.timed_forward(smollm2, ids, last_only=True)
+    n = smollm2.config.n_layer
+    assert list(seconds) == ["embedding", *(f"layer {i}" for i in range(n)), "final norm", "lm head"]
+    assert list(seconds.values()) == [float((i + 2) ** 2 - (i + 1) ** 2) for i in range(n + 3)]
+    assert torch.equal(trace.logits, plain.logits) and torch.equal(trace.final, plain.final)
+    assert trace.unchanged == () and len(trace.layers) == n

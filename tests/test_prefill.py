@@ -148,11 +148,13 @@ def test_attention_fast_runs_the_attn_z_hook_as_attention_does(smollm2, decoding
     outs = []
     for fn, cache in zip((attention, attention_fast), caches):
         if decoding:                               # 11 positions cached, then the 12th alone
-            fn(x[:11], block, config, None if fn is attention_fast else causal_mask(11), (rope[0][:11], rope[1][:11]), cache)
+            fn(x[:11], block, config, None if fn is attention_fast else causal_mask(11), (rope[0][:11], rope[1][:11]),
+               cache)
             outs.append(fn(x[11:], block, config, None if fn is attention_fast else causal_mask(1, 12),
                            (rope[0][11:], rope[1][11:]), cache, _ablate_head(4)))
         else:
-            outs.append(fn(x, block, config, None if fn is attention_fast else causal_mask(12), rope, None, _ablate_head(4)))
+            mask = None if fn is attention_fast else causal_mask(12)
+            outs.append(fn(x, block, config, mask, rope, None, _ablate_head(4)))
     slow, fast = outs
     assert bool((fast.z[4] == 0).all())
     torch.testing.assert_close(fast.z, slow.z, atol=1e-5, rtol=0)
