@@ -52,7 +52,6 @@ class Answer:
     prompt_ids: list[int]
     new_ids: list[int]                      # the EOS token, when generation stopped there, included
     text: str                               # the new tokens decoded, without the EOS that stopped them
-    stopped: str                            # "eos" | "max_new_tokens"
 
     @property
     def ids(self) -> list[int]:
@@ -65,6 +64,7 @@ class Generation(Answer):
     """The result of `generate`: the tokens, their text, and one Step per round."""
 
     steps: list[Step]
+    stopped: str                            # "eos" | "max_new_tokens"
     cache: KVCache | None = field(default=None, repr=False, compare=False)  # kv_cache=True: keys/values kept
 
     @property
@@ -176,7 +176,7 @@ class Loop:
         """All the rounds, then the answer cut at its end token.  # -> Generation"""
         steps = list(self.steps())
         new_ids, text, stopped = cut_at_eos(self.model, [s.token_id for s in steps], self.eos_ids)
-        return Generation(self.prompt_ids, new_ids, text, stopped, steps, self.cache)
+        return Generation(self.prompt_ids, new_ids, text, steps, stopped, self.cache)
 
     def choose(self, index: int, ids: Sequence[int], input_len: int, logits: Tensor, tic: float) -> Step:
         """Round `index`'s token from its logits ([vocab]) after `ids`: the Sampler draws it (filtered once: the

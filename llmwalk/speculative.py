@@ -284,6 +284,7 @@ class SpeculativeResult(Answer):
     """The result of speculative_generate: tokens and text as `generate` has them, and how the rounds went."""
 
     rounds: list[Round]             # as verified: a round that produced EOS may hold tokens cut from new_ids
+    stopped: str                    # "eos" | "max_new_tokens"
     target_forward_passes: int      # one per round, plus the prefill of a prompt longer than one token
     seconds: float = field(compare=False)
 
@@ -348,7 +349,7 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
                              sampler, loop.generator))
         new += rounds[-1].new_ids
     new, text, stopped = cut_at_eos(target, new, loop.eos_ids)    # a round may have gone on past an end token
-    return SpeculativeResult(prompt_ids, new, text, stopped, rounds, len(rounds) + prefill,
+    return SpeculativeResult(prompt_ids, new, text, rounds, stopped, len(rounds) + prefill,
                              time.perf_counter() - tic)
 
 
