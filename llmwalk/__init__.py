@@ -3,7 +3,7 @@ from .embedding import apply_rope, position_embedding, rope_angles, token_embedd
 from .i18n import language, set_language
 from .head import lm_head, logit_lens, softmax
 from .generation import Generation, Step, decoding_head, generate, generate_stream
-from .walk import Journey, journey
+from .journey import Journey, journey, timed_forward
 from .kv_cache import KVCache, LayerCache, kv_cache_bytes
 from .layers import attention, block_forward, causal_mask, ffn, layer_norm, linear, norm, rms_norm
 from .models import (CacheNotWritableError, CorruptModelFileError, HubUnreachableError, Model, ModelNotInstalledError,
@@ -11,7 +11,7 @@ from .models import (CacheNotWritableError, CorruptModelFileError, HubUnreachabl
                      load_model)
 from .report import Claim, claims_table, table
 from .tokens import Tokenizer, UnsafeChatTemplateError, gpt2_tokenizer
-from .walk import Journey, Trace, forward, journey
+from .walk import Trace, forward
 from .weights import Block, Config, Linear, Norm, Weights, count_params, to_dtype
 
 __version__ = "0.1.0"

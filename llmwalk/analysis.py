@@ -29,7 +29,7 @@ from .walk import Trace, forward
 from .weights import tensors, to_dtype
 
 if TYPE_CHECKING:
-    from .walk import Journey
+    from .journey import Journey
     from .models import Model
     from .speculative import SpeculativeResult
 

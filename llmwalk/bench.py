@@ -617,7 +617,7 @@ def pass_seconds(model: Model, ids: Sequence[int], *, cached: int = 0, repeats: 
 def _step_products(model: Model) -> Callable[[], None]:
     """The matrix products of one decoding step alone, in the order the step runs them, on random vectors."""
     from .head import lm_head
-    from .layers import matmul
+    from operator import matmul
     gen = torch.Generator().manual_seed(0)
     mats = [lin.weight for b in model.weights.blocks for lin in (b.attn_q, b.attn_k, b.attn_v, b.attn_output,
                                                                  b.ffn_gate, b.ffn_up, b.ffn_down) if lin is not None]

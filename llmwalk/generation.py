@@ -18,7 +18,8 @@ from torch import Tensor
 from .checks import is_int
 from .kv_cache import KVCache
 from .sampling import Sampler
-from .walk import check_head, check_ids, forward, layer_hooks
+from .weights import Config
+from .walk import check_head, check_ids, forward, parse_hooks
 
 if TYPE_CHECKING:
     from .models import Model
@@ -45,20 +46,26 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Generation:
-    """The result of `generate`: the tokens, their text, and one Step per round."""
+class Answer:
+    """What a generation wrote: the tokens and their text (generate's Generation, speculative_generate's result)."""
 
     prompt_ids: list[int]
     new_ids: list[int]                      # the EOS token, when generation stopped there, included
     text: str                               # the new tokens decoded, without the EOS that stopped them
-    steps: list[Step]
-    stopped: str                            # "eos" | "max_new_tokens"
-    cache: KVCache | None = field(default=None, repr=False, compare=False)  # kv_cache=True: keys/values kept
 
     @property
     def ids(self) -> list[int]:
         """Prompt and new tokens."""
         return self.prompt_ids + self.new_ids
+
+
+@dataclass(frozen=True)
+class Generation(Answer):
+    """The result of `generate`: the tokens, their text, and one Step per round."""
+
+    steps: list[Step]
+    stopped: str                            # "eos" | "max_new_tokens"
+    cache: KVCache | None = field(default=None, repr=False, compare=False)  # kv_cache=True: keys/values kept
 
     @property
     def time_to_first_token(self) -> float:
@@ -161,17 +168,15 @@ class Loop:
         whole prompt in round 1 (prefill), then the single token chosen in the previous round.
         """
         new = list(ids) if self.cache is None else list(ids[self.cache.length:])
-        watchers, ran = _watchers.get(), []
-        hooks = dict(self.hooks or {})
-        if watchers:                        # count the layers that really ran, by forward's own hook points
-            for i in range(self.model.config.n_layer):
-                pre, post = f"blocks.{i}.resid_pre", f"blocks.{i}.resid_post"
-                hooks[pre], hooks[post] = _counting(ran, hooks.get(pre), hooks.get(post))
-        trace = forward(self.model, new, self.cache, record=False, last_only=True, head=self.head,
-                        hooks=hooks or None)
-        for watch in watchers:
-            watch(Pass(tuple(new), sum(ran)))
+        with _reported(new, self.hooks, self.model.config.n_layer) as hooks:
+            trace = forward(self.model, new, self.cache, record=False, last_only=True, head=self.head, hooks=hooks)
         return len(new), trace.logits[0].float()       # a bf16/fp16 model's logits sampled in fp32
+
+    def run(self) -> Generation:
+        """All the rounds, then the answer cut at its end token.  # -> Generation"""
+        steps = list(self.steps())
+        new_ids, text, stopped = cut_at_eos(self.model, [s.token_id for s in steps], self.eos_ids)
+        return Generation(self.prompt_ids, new_ids, text, steps, stopped, self.cache)
 
     def choose(self, index: int, ids: Sequence[int], input_len: int, logits: Tensor, tic: float) -> Step:
         """Round `index`'s token from its logits ([vocab]) after `ids`: the Sampler draws it (filtered once: the
@@ -188,6 +193,24 @@ class Loop:
 
     def _piece(self, token_id: int) -> str:
         return self.model.tokenizer.pieces([token_id])[0]
+
+
+@contextmanager
+def _reported(ids: list[int], hooks: Mapping[str, Callable[[Tensor], Tensor]] | None,
+              n_layer: int) -> Iterator[Mapping[str, Callable[[Tensor], Tensor]] | None]:
+    """The hooks a pass runs with, and, when someone is `watching`, a Pass reported to them after the pass: the
+    caller's hooks, wrapped in ones that count the layers that changed the residual stream."""
+    watchers, ran = _watchers.get(), []
+    if not watchers:
+        yield hooks
+        return
+    counted = dict(hooks or {})
+    for i in range(n_layer):
+        pre, post = f"blocks.{i}.resid_pre", f"blocks.{i}.resid_post"
+        counted[pre], counted[post] = _counting(ran, counted.get(pre), counted.get(post))
+    yield counted
+    for watch in watchers:
+        watch(Pass(tuple(ids), sum(ran)))
 
 
 def _counting(ran: list, then_pre: Callable[[Tensor], Tensor] | None,
@@ -214,7 +237,7 @@ def _check_hooks(model: "Model", hooks: Mapping[str, Callable[[Tensor], Tensor]]
     sequence. A mean over positions (hook.sequence == "whole") is then that one position itself, a no-op; a patch
     (hook.sequence == n, the source prompt's length) finds no pass of n tokens to line up with.
     """
-    layer_hooks(hooks, model.config.n_layer, [])
+    parse_hooks(hooks, model.config.n_layer, [])
     for name, fn in (hooks or {}).items():
         need = getattr(fn, "sequence", None)
         if need == "whole" and kv_cache:
@@ -241,11 +264,27 @@ def _prompt_ids(model: "Model", prompt, chat: bool) -> list[int]:
     return check_ids(ids, config.vocab_size, config.context_length).tolist()
 
 
-def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, *, max_new_tokens: int, sampler: Sampler,
-            seed: int | None = None, generator: torch.Generator | None = None, kv_cache: bool = True,
-            chat: bool = False, stop_at_eos: bool = True, top_n: int = 5, head: Tensor | None = None,
-            hooks: Mapping[str, Callable[[Tensor], Tensor]] | None = None) -> Loop:
-    """Check every argument and encode the prompt, before any forward pass."""
+def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32, *,
+            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+            min_p: float | None = None, seed: int | None = None, generator: torch.Generator | None = None,
+            kv_cache: bool = True, chat: bool = False, stop_at_eos: bool = True, top_n: int = 5,
+            head: Tensor | None = None, hooks: Mapping[str, Callable[[Tensor], Tensor]] | None = None) -> Loop:
+    """The Loop that `generate` runs (and `generate_stream` steps through), every argument checked and the prompt
+    encoded before any forward pass. The arguments are generate's."""
+    sampler = Sampler(temperature, top_k, top_p, min_p)
+    generator = check_settings(model, max_new_tokens=max_new_tokens, sampler=sampler, seed=seed, generator=generator,
+                               kv_cache=kv_cache, top_n=top_n, head=head, hooks=hooks)
+    ids = _prompt_ids(model, prompt, chat)
+    _check_room(model.config, len(ids), max_new_tokens)
+    cache = KVCache.empty(model.config, len(ids) + max_new_tokens) if kv_cache else None
+    return Loop(model, ids, max_new_tokens, sampler, generator, cache, model.eos_ids if stop_at_eos else frozenset(),
+                top_n, head, hooks)
+
+
+def check_settings(model: "Model", *, max_new_tokens: int, sampler: Sampler, seed: int | None,
+                   generator: torch.Generator | None, kv_cache: bool, top_n: int, head: Tensor | None,
+                   hooks: Mapping[str, Callable[[Tensor], Tensor]] | None) -> torch.Generator | None:
+    """Refuse a setting generation cannot run with, naming the fix; returns the generator to draw with."""
     config = model.config
     if model.tokenizer is None:
         raise ValueError(f"{config.name} was loaded without a tokenizer: generate needs one to show its tokens")
@@ -269,52 +308,41 @@ def prepare(model: "Model", prompt: str | Sequence[int] | Tensor, *, max_new_tok
     if not sampler.is_greedy and generator is None:
         raise ValueError(f"temperature={sampler.temperature} samples at random: pass seed= (an int) or generator= "
                          "so the result can be reproduced, or use temperature=0 for greedy decoding")
-    ids = _prompt_ids(model, prompt, chat)
-    room = config.context_length - len(ids)
+    return generator
+
+
+def _check_room(config: Config, n_prompt: int, max_new_tokens: int) -> None:
+    """The prompt and the new tokens must fit in the context."""
+    room = config.context_length - n_prompt
     if max_new_tokens > room:
         fixes = [f"shorten the prompt to at most {config.context_length - max_new_tokens} tokens"] \
             if max_new_tokens < config.context_length else []
         fixes += [f"set max_new_tokens <= {room}"] if room >= 1 else []
-        raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens={max_new_tokens} = {len(ids) + max_new_tokens} "
+        raise ValueError(f"prompt of {n_prompt} tokens + max_new_tokens={max_new_tokens} = {n_prompt + max_new_tokens} "
                          f"tokens is longer than {config.name}'s context length of {config.context_length}: "
                          + (" or ".join(fixes) or "shorten the prompt and lower max_new_tokens"))
-    cache = KVCache.empty(config, len(ids) + max_new_tokens) if kv_cache else None
-    return Loop(model, ids, max_new_tokens, sampler, generator, cache, model.eos_ids if stop_at_eos else frozenset(),
-                top_n, head, hooks)
 
 
-def generate_stream(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32, *,
-                    temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                    min_p: float | None = None, seed: int | None = None, generator: torch.Generator | None = None,
-                    kv_cache: bool = True, chat: bool = False, stop_at_eos: bool = True, top_n: int = 5,
-                    head: Tensor | None = None,
-                    hooks: Mapping[str, Callable[[Tensor], Tensor]] | None = None) -> Iterator[Step]:
-    """`generate`, one Step at a time as each token is chosen (arguments are checked now, not at the first next())."""
-    return prepare(model, prompt, max_new_tokens=max_new_tokens, sampler=Sampler(temperature, top_k, top_p, min_p),
-                   seed=seed, generator=generator, kv_cache=kv_cache, chat=chat, stop_at_eos=stop_at_eos,
-                   top_n=top_n, head=head, hooks=hooks).steps()
+def generate_stream(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32,
+                    **settings) -> Iterator[Step]:
+    """`generate`, one Step at a time as each token is chosen: the same arguments, checked now (not at the first
+    next())."""
+    return prepare(model, prompt, max_new_tokens, **settings).steps()
 
 
-def generate(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32, *,
-             temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             min_p: float | None = None, seed: int | None = None, generator: torch.Generator | None = None,
-             kv_cache: bool = True, chat: bool = False, stop_at_eos: bool = True, top_n: int = 5,
-             head: Tensor | None = None,
-             hooks: Mapping[str, Callable[[Tensor], Tensor]] | None = None) -> Generation:
+def generate(model: "Model", prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 32,
+             **settings) -> Generation:
     """Continue `prompt` (text, or token ids) by up to max_new_tokens tokens.  # [T] -> Generation
 
+    The settings, keyword arguments (prepare checks them all before any forward pass):
     temperature=0 is greedy; above 0 the token is drawn after top_k / top_p / min_p filtering, and a seed (or
-    a torch.Generator) is required so that runs are reproducible. chat=True wraps text in the chat template.
-    Stops after an EOS token (kept in new_ids, not in text) unless stop_at_eos=False. kv_cache=False reruns
-    the whole prefix every round, as the article's first loop does; the tokens are the same either way.
+    a torch.Generator, generator=) is required so that runs are reproducible. chat=True wraps text in the chat
+    template. Stops after an EOS token (kept in new_ids, not in text) unless stop_at_eos=False. kv_cache=False reruns
+    the whole prefix every round, as the article's first loop does; the tokens are the same either way. top_n: how
+    many of the raw model's top tokens each Step keeps (5).
     head=decoding_head(model), made once and reused, speeds up every token (same numbers, faster memory order).
     `hooks` (forward's hook points, "blocks.{i}.{point}") apply on every round's pass; `watching` sees each pass.
     Interventions that would not mean the same with and without the cache are refused: a mean ablation needs
     kv_cache=False, and a patch (lined up with one source prompt) fits only one pass: use forward for it.
     """
-    loop = prepare(model, prompt, max_new_tokens=max_new_tokens, sampler=Sampler(temperature, top_k, top_p, min_p),
-                   seed=seed, generator=generator, kv_cache=kv_cache, chat=chat, stop_at_eos=stop_at_eos,
-                   top_n=top_n, head=head, hooks=hooks)
-    steps = list(loop.steps())
-    new_ids, text, stopped = cut_at_eos(model, [s.token_id for s in steps], loop.eos_ids)
-    return Generation(loop.prompt_ids, new_ids, text, steps, stopped, loop.cache)
+    return prepare(model, prompt, max_new_tokens, **settings).run()

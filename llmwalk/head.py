@@ -4,13 +4,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .layers import matmul, norm
+from .layers import norm
 from .weights import Config, Weights
 
 
 def lm_head(x: Tensor, output: Tensor) -> Tensor:
     """One dot product per vocabulary entry: logits = x · W_outᵀ.  # [T, d_model] -> [T, vocab]"""
-    return matmul(x, output.T)
+    return x @ output.T
 
 
 def softmax(logits: Tensor) -> Tensor:

@@ -1,7 +1,11 @@
-"""Section 四: the layer every token passes through N times — norm, attention, FFN, residual."""
+"""Section 四: the layer every token passes through N times — norm, attention, FFN, residual.
+
+The readable stages, one idea per function (notebook 04 rebuilds attention from its four steps). Passes that record
+nothing run the same block with fast.FAST, torch's fused norm, attention and FFN (tested equal: tests/test_prefill.py).
+"""
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -13,29 +17,10 @@ from .kv_cache import LayerCache
 from .weights import Block, Config, Linear, Norm
 
 
-def matmul(x: Tensor, w) -> Tensor:
-    """x @ w for a float matrix or a quantized one, which multiplies itself.  # [T, d_in] -> [T, d_out]"""
-    # For a non-tensor w, `x @ w` first fails inside torch and only then falls back to w.__rmatmul__(x):
-    # about 10 µs lost per product, an eighth of an int8 decode step. So ask w directly.
-    return x @ w if isinstance(w, Tensor) else w.__rmatmul__(x)
-
-
 def linear(x: Tensor, w: Linear) -> Tensor:
-    """x @ W + b.  # [T, d_in] -> [T, d_out]"""
-    y = matmul(x, w.weight)
+    """x @ W + b (W a float matrix, or a quantized one that multiplies itself).  # [T, d_in] -> [T, d_out]"""
+    y = x @ w.weight
     return y + w.bias if w.bias is not None else y
-
-
-def linears(x: Tensor, lins: Sequence[Linear]) -> list[Tensor]:
-    """[linear(x, l) for l in lins], as one product when their weights are column slices of one stored matrix
-    (quantize_model fuses q/k/v and gate/up so): one kernel call per token instead of three.  # [T, d_in] -> [[T, d_out_i]]
-    """
-    parents = [getattr(lin.weight, "parent", None) for lin in lins]
-    if len(lins) < 2 or parents[0] is None or any(p is None or p[0] is not parents[0][0] for p in parents):
-        return [linear(x, lin) for lin in lins]
-    y = matmul(x, parents[0][0])                                  # [T, Σ d_out]
-    return [y[:, start:end] if lin.bias is None else y[:, start:end] + lin.bias
-            for (_, start, end), lin in zip(parents, lins)]
 
 
 def layer_norm(x: Tensor, w: Norm, eps: float) -> Tensor:
@@ -87,7 +72,7 @@ def causal_mask(t: int, s: int | None = None, window: int | None = None) -> Tens
 
 class AttentionOut(NamedTuple):
     out: Tensor        # [T, d_model]
-    weights: Tensor | None  # [n_head, T, S] softmax(q·k), one row per query (None: attention_fast)
+    weights: Tensor | None  # [n_head, T, S] softmax(q·k), one row per query (None: fast.attention)
     q: Tensor          # [n_head, T, d_head], after RoPE
     k: Tensor          # [n_kv_head, S, d_head], after RoPE, cached keys included
     v: Tensor          # [n_kv_head, S, d_head]
@@ -95,6 +80,11 @@ class AttentionOut(NamedTuple):
 
 
 Hook = Callable[[str, Tensor], Tensor]   # (hook point, activation) -> the activation to use instead
+
+
+def no_hook(point: str, a: Tensor) -> Tensor:
+    """The hook of a layer nobody intervenes on: every activation flows on as it is."""
+    return a
 
 
 def split_heads(x: Tensor, n: int) -> Tensor:
@@ -114,13 +104,20 @@ def project_qkv(x: Tensor, block: Block, config: Config,
 
     # [T, d_model] -> ([n_head, T, d_head], [n_kv_head, T, d_head], [n_kv_head, T, d_head])
     """
-    q, k, v = linears(x, (block.attn_q, block.attn_k, block.attn_v))
-    q, k, v = split_heads(q, config.n_head), split_heads(k, config.n_kv_head), split_heads(v, config.n_kv_head)
-    if block.attn_q_norm is not None:                            # Gemma-3 normalizes each head's q and k
-        q = norm(q, block.attn_q_norm, config)
-        k = norm(k, block.attn_k_norm, config)
+    q, k, v = split_qkv(linear(x, block.attn_q), linear(x, block.attn_k), linear(x, block.attn_v), block, config)
     if rope is not None:
         q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    return q, k, v
+
+
+def split_qkv(q: Tensor, k: Tensor, v: Tensor, block: Block, config: Config) -> tuple[Tensor, Tensor, Tensor]:
+    """The projections split into heads (and, for Gemma-3, each head's q and k normalized).
+
+    # ([T, n_head * d_head], [T, n_kv_head * d_head] x 2) -> ([n_head, T, d_head], [n_kv_head, T, d_head] x 2)
+    """
+    q, k, v = split_heads(q, config.n_head), split_heads(k, config.n_kv_head), split_heads(v, config.n_kv_head)
+    if block.attn_q_norm is not None:
+        q, k = norm(q, block.attn_q_norm, config), norm(k, block.attn_k_norm, config)
     return q, k, v
 
 
@@ -148,7 +145,7 @@ def mix_values(weights: Tensor, v: Tensor) -> Tensor:
 
 def attention(x: Tensor, block: Block, config: Config, mask: Tensor | None,
               rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None,
-              hook: Hook | None = None) -> AttentionOut:
+              hook: Hook = no_hook) -> AttentionOut:
     """Causal self-attention, multi-head or grouped-query.  # [T, d_model] -> [T, d_model]
 
     With a `cache`, the new keys/values are appended to it and the queries attend to all cached positions;
@@ -162,75 +159,13 @@ def attention(x: Tensor, block: Block, config: Config, mask: Tensor | None,
     scores = attention_scores(q, k, config)                      # (nh, T, S)
     scores = scores.masked_fill(~mask, float("-inf"))            # the future is not there to look at
     weights = torch.softmax(scores, dim=-1)
-    z = mix_values(weights, v)                                   # (nh, T, hs)
-    if hook is not None:
-        z = hook("attn.z", z)
+    z = hook("attn.z", mix_values(weights, v))                   # (nh, T, hs)
     return AttentionOut(linear(merge_heads(z), block.attn_output), weights, q, k, v, z)
 
 
-def attention_fast(x: Tensor, block: Block, config: Config, mask: Tensor | None,
-                   rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None,
-                   hook: Hook | None = None) -> AttentionOut:
-    """`attention` through torch's fused scaled_dot_product_attention: the same output, weights None.
-
-    For passes that record nothing (generation): the [n_head, T, S] scores and their softmax are never stored,
-    which at long prompts costs more time than the rest of attention. mask=None: the plain causal mask over
-    S = T positions, which the kernel applies itself without building it.  # [T, d_model] -> [T, d_model]
-    """
-    decoding = x.shape[0] == 1
-    if decoding and not SDPA_GQA:       # an older torch: the plain path reads the cache without a copy
-        return attention(x, block, config, mask, rope, cache, hook)
-    q, k, v = project_qkv(x, block, config)
-    q, k = rope_together(q, k, rope)
-    if cache is not None:
-        k, v = cache.update(k, v)                                # (nkv, S, hs)
-    if decoding:
-        return _attend_one(q, k, v, mask, block, config, hook)
-    # torch's CPU flash kernel takes only 4-D [batch, head, T, d_head] inputs with as many key heads as query heads;
-    # anything else falls back to a plain implementation that stores the scores (several times slower). So each key
-    # head is copied for the query heads of its group (GQA), which also makes k/v contiguous.
-    group = config.n_head // k.shape[0]
-    k_all, v_all = (a.repeat_interleave(group, dim=0)[None] for a in (k, v))   # (1, nh, S, hs)
-    z = F.scaled_dot_product_attention(q[None], k_all, v_all, attn_mask=mask, is_causal=mask is None,
-                                       scale=config.scale)[0]                  # (nh, T, hs)
-    if hook is not None:
-        z = hook("attn.z", z)
-    return AttentionOut(linear(merge_heads(z), block.attn_output), None, q, k, v, z)
-
-
-def rope_together(q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
-    """apply_rope to q and to k as one tensor (the same angles rotate both): half the small operations, which
-    is what a decoding step of one token pays for.  # ([n_head, T, d_head], [n_kv_head, T, d_head]) -> same"""
-    if rope is None:
-        return q, k
-    qk = apply_rope(torch.cat([q, k]), *rope)                   # (nh + nkv, T, hs)
-    return qk[:q.shape[0]], qk[q.shape[0]:]
-
-
-def norm_fast(x: Tensor, w: Norm, config: Config) -> Tensor:
-    """`norm` with RMSNorm in torch's one fused operation (F.rms_norm) for float32 activations, where it computes
-    the same numbers as rms_norm's six; other dtypes and LayerNorm take `norm`.  # [T, d] -> [T, d]"""
-    if config.norm == "layernorm" or x.dtype != torch.float32:
-        return norm(x, w, config)
-    return F.rms_norm(x, x.shape[-1:], w.weight, config.norm_eps)
-
-
-# torch >= 2.5's scaled_dot_product_attention reads one key head for a group of query heads itself (enable_gqa).
-SDPA_GQA = tuple(int(n) for n in torch.__version__.split(".")[:2]) >= (2, 5)
-
-
-def _attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, block: Block, config: Config,
-                hook: Hook | None) -> AttentionOut:
-    """attention_fast for one new token (decoding): one fused kernel over the cache instead of the ~8 small
-    operations of the plain path (scores, scale, mask, softmax, mix), reading the cached keys in place (enable_gqa:
-    no copy per query head). The one query is the last position, so it sees every key: no causal mask (is_causal
-    would align it with key 0); `mask` [1, S] only for a sliding window.  # q [n_head, 1, d_head] -> out [1, d_model]
-    """
-    z = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=config.scale,
-                                       enable_gqa=True)[0]                       # (nh, 1, hs)
-    if hook is not None:
-        z = hook("attn.z", z)
-    return AttentionOut(linear(merge_heads(z), block.attn_output), None, q, k, v, z)
+def gate(config: Config) -> Callable[[Tensor], Tensor]:
+    """The nonlinearity of a gated FFN: SiLU for Llama's SwiGLU, tanh-approximated GELU for Gemma's GeGLU."""
+    return F.silu if config.ffn == "swiglu" else (lambda g: F.gelu(g, approximate="tanh"))
 
 
 def ffn(x: Tensor, block: Block, config: Config) -> tuple[Tensor, Tensor]:
@@ -241,10 +176,19 @@ def ffn(x: Tensor, block: Block, config: Config) -> tuple[Tensor, Tensor]:
     if config.ffn == "gelu":
         hidden = F.gelu(linear(x, block.ffn_up), approximate="tanh")
     else:
-        act = F.silu if config.ffn == "swiglu" else (lambda g: F.gelu(g, approximate="tanh"))
-        gate, up = linears(x, (block.ffn_gate, block.ffn_up))
-        hidden = act(gate) * up
+        hidden = gate(config)(linear(x, block.ffn_gate)) * linear(x, block.ffn_up)
     return linear(hidden, block.ffn_down), hidden
+
+
+class Stages(NamedTuple):
+    """The norm, attention and FFN a block runs: READABLE here, or fast.FAST for passes that record nothing."""
+
+    norm: Callable[[Tensor, Norm, Config], Tensor]
+    attention: Callable[..., AttentionOut]
+    ffn: Callable[[Tensor, Block, Config], tuple[Tensor, Tensor]]
+
+
+READABLE = Stages(norm, attention, ffn)
 
 
 class BlockOut(NamedTuple):
@@ -257,25 +201,26 @@ class BlockOut(NamedTuple):
     resid_post: Tensor  # [T, d] residual stream after the whole layer
 
 
-def block_forward(x: Tensor, block: Block, config: Config, mask: Tensor,
+def block_forward(x: Tensor, block: Block, config: Config, mask: Tensor | None,
                   rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None,
-                  hook: Hook | None = None, *, fast: bool = False) -> BlockOut:
+                  hook: Hook = no_hook, *, stages: Stages = READABLE) -> BlockOut:
     """One layer, pre-norm: x + Attention(Norm(x)), then + FFN(Norm(.)). Residuals keep what came in.  # [T, d] -> [T, d]
 
     `hook(point, activation)` may replace what flows at each hook point: "resid_pre", "attn.z", "attn_out" (what
     attention adds to the stream), "ffn_out" (what the FFN adds) and "resid_post" (interventions.py).
-    fast=True: attention_fast and norm_fast, for passes that keep no attention weights.
+    stages=fast.FAST: torch's fused norm, attention and FFN, for passes that keep no attention weights.
     """
-    hook = hook or (lambda name, a: a)
-    norm_ = norm_fast if fast else norm
     x = hook("resid_pre", x)
-    attn_in = norm_(x, block.attn_norm, config)
-    a = (attention_fast if fast else attention)(attn_in, block, config, mask, rope, cache, hook)
-    attn_out = a.out if block.post_attention_norm is None else norm_(a.out, block.post_attention_norm, config)
-    resid_mid = x + hook("attn_out", attn_out)
-    ffn_in = norm_(resid_mid, block.ffn_norm, config)
-    f_out, hidden = ffn(ffn_in, block, config)
-    if block.post_ffw_norm is not None:
-        f_out = norm_(f_out, block.post_ffw_norm, config)
-    f_out = hook("ffn_out", f_out)
+    attn_in = stages.norm(x, block.attn_norm, config)
+    a = stages.attention(attn_in, block, config, mask, rope, cache, hook)
+    resid_mid = x + hook("attn_out", post_norm(a.out, block.post_attention_norm, config, stages.norm))
+    ffn_in = stages.norm(resid_mid, block.ffn_norm, config)
+    f_out, hidden = stages.ffn(ffn_in, block, config)
+    f_out = hook("ffn_out", post_norm(f_out, block.post_ffw_norm, config, stages.norm))
     return BlockOut(attn_in, a, resid_mid, ffn_in, hidden, f_out, hook("resid_post", resid_mid + f_out))
+
+
+def post_norm(y: Tensor, w: Norm | None, config: Config, norm_: Callable[[Tensor, Norm, Config], Tensor]) -> Tensor:
+    """What attention or the FFN adds, normalized first where the model has a norm there (Gemma-3's "sandwich"
+    norms), else as it is.  # [T, d] -> [T, d]"""
+    return y if w is None else norm_(y, w, config)

@@ -6,21 +6,21 @@ scale serves one output column (per-channel) or one group of `group_size` consec
 kernel multiply the codes directly.
 
 A quantized weight sits in the same `Linear` container as a float one and `linear()` is unchanged: it
-computes `x @ w.weight` (through `layers.matmul`), and `QuantizedTensor.__rmatmul__` answers that product.
+computes `x @ w.weight`, and `QuantizedTensor.__rmatmul__` answers that product (torch hands it over through
+`__torch_function__`, the protocol for tensor-like objects).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
 
 from .checks import is_int
 from .i18n import t
-from .walk import forward
 from .weights import Weights, tensors, to_dtype
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ LINEARS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "f
 # Linears that read the same input: quantize_model(fuse=True) stores each group as one matrix, multiplied once.
 FUSED = (("attn_q", "attn_k", "attn_v"), ("attn_output",), ("ffn_gate", "ffn_up"), ("ffn_down",))
 # torch's CPU kernels that multiply integer codes directly. They are private (aten._…) and come and go between
-# torch versions (pyproject allows torch >= 2.4), so each is used only if this torch has it; otherwise a product
+# torch versions (pyproject allows torch >= 2.5), so each is used only if this torch has it; otherwise a product
 # dequantizes the weight and multiplies in the activations' dtype: slower, the same maths.
 INT8_KERNEL, INT4_KERNEL = "_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu"
 
@@ -40,8 +40,30 @@ def has_kernel(name: str) -> bool:
     return hasattr(torch.ops.aten, name)
 
 
+class Columns(NamedTuple):
+    """Where a column slice of a fused matrix sits in it (QuantizedTensor.columns)."""
+
+    whole: "QuantizedTensor"    # [d_in, Σ d_out]
+    start: int
+    end: int
+
+
+class MatrixLike:
+    """A weight that is not a tensor but answers `x @ w` (its __rmatmul__), handed over by torch directly.
+
+    Without __torch_function__, torch's `x @ w` would first fail on the unknown type and only then let Python try
+    w.__rmatmul__(x): about 10 µs lost per product, an eighth of an int8 decoding step.
+    """
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func in (Tensor.__matmul__, torch.matmul) and len(args) == 2 and isinstance(args[1], cls):
+            return args[1].__rmatmul__(args[0])
+        return NotImplemented
+
+
 @dataclass(frozen=True)
-class QuantizedTensor:
+class QuantizedTensor(MatrixLike):
     """A weight matrix [d_in, d_out] as integer codes and float scales: w ≈ scales · (codes − zeros).
 
     Codes are stored one output column after another (`codes.T` is contiguous), which is the [d_out, d_in]
@@ -52,9 +74,9 @@ class QuantizedTensor:
     codes: Tensor               # int8 [d_in, d_out], or uint8 [d_in / 2, d_out] for 4 bits
     scales: Tensor              # float32 [n_groups, d_out]: one per output column and group of d_in rows
     zeros: Tensor | None = None  # float32 [n_groups, d_out]: the (fractional) code of 0.0, asymmetric only
-    # (whole matrix, first column, end column) when this is a column slice of a fused matrix (see `columns`).
-    # Not a field: the numbers are the whole's, counted once through the slices that hold views of them.
-    parent: ClassVar[tuple["QuantizedTensor", int, int] | None] = None
+    # Set when this is a column slice of a fused matrix (`columns`): fast.linears multiplies the whole once for all
+    # its slices. A view: the numbers are counted through the slices' own (views of the whole's), not again here.
+    fused: Columns | None = field(default=None, repr=False, compare=False, metadata={"view": True})
 
     @property
     def bits(self) -> int:
@@ -98,11 +120,9 @@ class QuantizedTensor:
 
     def columns(self, start: int, end: int) -> "QuantizedTensor":
         """Output columns start..end-1 as a matrix of their own, sharing this one's storage and remembering it
-        (layers.linears then multiplies the whole once for all its slices).  # -> [d_in, end - start]"""
-        part = QuantizedTensor(self.codes[:, start:end], self.scales[:, start:end],
-                               None if self.zeros is None else self.zeros[:, start:end])
-        object.__setattr__(part, "parent", (self, start, end))
-        return part
+        (fast.linears then multiplies the whole once for all its slices).  # -> [d_in, end - start]"""
+        return QuantizedTensor(self.codes[:, start:end], self.scales[:, start:end],
+                               None if self.zeros is None else self.zeros[:, start:end], Columns(self, start, end))
 
     def __rmatmul__(self, x: Tensor) -> Tensor:
         """x @ w, with torch's integer kernel when one fits (bf16 activations), else dequantized.  # [T, d_in] -> [T, d_out]"""
@@ -238,7 +258,7 @@ class QuantizedTable:
 
 
 @dataclass(frozen=True)
-class Int8Activations:
+class Int8Activations(MatrixLike):
     """A linear weight whose input is rounded to int8 first, one scale for the whole tensor (dynamic quantization)."""
 
     weight: Tensor | QuantizedTensor
@@ -337,12 +357,6 @@ def quantize_activations(model: "Model") -> "Model":
     also picks each input's 8-bit range on the fly; tests/test_claims_cost.py runs torch's own as a reference)."""
     return replace(model, weights=map_linears(model.weights, Int8Activations),
                    source=f"{model.source}, int8 activations")
-
-
-def dynamic_int8_logits(model: "Model", ids: Sequence[int] | Tensor) -> Tensor:
-    """Logits with int8 weights (per channel) and int8 inputs to every layer matrix (per tensor, scale from
-    max |x|), the way torch's quantize_dynamic works.  # [T] -> [T, vocab]"""
-    return forward(quantize_activations(quantize_model(model, 8)), ids, record=False).logits
 
 
 def format_label(name: str) -> str:

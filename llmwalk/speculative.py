@@ -20,11 +20,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .checks import is_int
 from .i18n import t
-from .generation import cut_at_eos, prepare
+from .generation import Answer, cut_at_eos, prepare
 from .kv_cache import KVCache
 from .sampling import Sampler
 from .walk import forward
@@ -35,11 +36,6 @@ if TYPE_CHECKING:
 
 
 # ---------------------------------------------------------------- the rule
-
-def one_hot(ids: Sequence[int], vocab_size: int) -> Tensor:
-    """The distribution of a deterministic guess: all the mass on each token.  # [k] -> [k, vocab]"""
-    return torch.nn.functional.one_hot(torch.as_tensor(list(ids), dtype=torch.long), vocab_size).float()
-
 
 def draw(weights: Tensor, generator: torch.Generator | None = None) -> int:
     """One token id, with probability proportional to its weight.  # [vocab] -> int
@@ -135,7 +131,8 @@ def verify(p_target: Tensor, p_draft: Tensor | None, drafted: Sequence[int],
     if bad:
         raise ValueError(f"drafted ids {bad} are not token ids of a {p_target.shape[-1]}-token vocabulary: draft with "
                          "a model (or lookup) that shares the target's tokenizer")
-    q = p_draft if p_draft is not None else one_hot(drafted, p_target.shape[-1])
+    guessed = F.one_hot(torch.tensor(list(drafted), dtype=torch.long), p_target.shape[-1]).float()
+    q = p_draft if p_draft is not None else guessed          # a deterministic guess: all its mass on the token
     if p_target.shape[0] != k + 1 or q.shape[0] != k or q.shape[-1] != p_target.shape[-1]:
         raise ValueError(f"{k} drafted tokens need target rows [{k + 1}, vocab] and draft rows [{k}, vocab], got "
                          f"{list(p_target.shape)} and {list(q.shape)}: the draft must share the target's vocabulary")
@@ -283,12 +280,9 @@ class Round:
 
 
 @dataclass(frozen=True)
-class SpeculativeResult:
+class SpeculativeResult(Answer):
     """The result of speculative_generate: tokens and text as `generate` has them, and how the rounds went."""
 
-    prompt_ids: list[int]
-    new_ids: list[int]              # the EOS token, when generation stopped there, included
-    text: str
     rounds: list[Round]             # as verified: a round that produced EOS may hold tokens cut from new_ids
     stopped: str                    # "eos" | "max_new_tokens"
     target_forward_passes: int      # one per round, plus the prefill of a prompt longer than one token
@@ -303,10 +297,6 @@ class SpeculativeResult:
         """Share of the drafted tokens the target kept (nan when nothing was drafted)."""
         proposed = sum(len(r.proposed_ids) for r in self.rounds)
         return sum(r.accepted for r in self.rounds) / proposed if proposed else float("nan")
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.new_ids) / self.seconds
 
 
 def _round(target: "Model", draft: Draft, ids: list[int], cache: KVCache, k: int, sampler: Sampler,
@@ -343,10 +333,9 @@ def speculative_generate(target: "Model", draft: Draft, prompt: str | Sequence[i
     if not isinstance(draft, Draft):
         raise TypeError(f"draft must be a Draft, got {type(draft).__name__}: wrap a small model as ModelDraft(model), "
                         "or use PromptLookupDraft() / EarlyExitDraft(target, n_layers)")
-    sampler = Sampler(temperature, top_k, top_p, min_p)
-    loop = prepare(target, prompt, max_new_tokens=max_new_tokens, sampler=sampler, seed=seed, generator=generator,
-                   chat=chat, stop_at_eos=stop_at_eos, top_n=0)
-    prompt_ids, cache = loop.prompt_ids, loop.cache
+    loop = prepare(target, prompt, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+                   seed=seed, generator=generator, chat=chat, stop_at_eos=stop_at_eos, top_n=0)
+    prompt_ids, cache, sampler = loop.prompt_ids, loop.cache, loop.sampler
     draft.reset(target.config, len(prompt_ids) + max_new_tokens)
     # Prefill all but the last prompt token (LM head on one row only): every round then feeds its last token.
     prefill = len(prompt_ids) > 1

@@ -1,26 +1,23 @@
-"""Section 九: one walk through the model. `forward` returns a trace holding every intermediate; `journey` times
-the walk of one prompt stage by stage (sections 一 and 九) and lets the loop write the whole answer."""
+"""Section 九: one walk through the model. `forward` returns a trace holding every intermediate (journey.py times
+the walk of one prompt stage by stage)."""
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from . import i18n
+from . import fast
 from .checks import is_int
 from .embedding import position_embedding, rope_angles, token_embedding
-from .head import lm_head, softmax
+from .head import lm_head
 from .kv_cache import KVCache
-from .layers import BlockOut, block_forward, causal_mask, norm
-from .sampling import greedy
+from .layers import READABLE, BlockOut, Hook, block_forward, causal_mask, no_hook, norm
 from .weights import Config
 
 if TYPE_CHECKING:
-    from .generation import Generation
     from .models import Model
 
 
@@ -36,7 +33,6 @@ class Trace:
     layers: list[BlockOut]          # one per layer (empty when record=False)
     final: Tensor                   # [T, d_model] after the final norm
     logits: Tensor                  # [T, vocab] ([1, vocab] with last_only)
-    seconds: dict[str, float] = field(default_factory=dict)  # wall time per stage
     unchanged: tuple[str, ...] = ()  # hook points whose hook returned the activation it was given, unchanged
 
     def _recorded(self, what: str) -> list[BlockOut]:
@@ -190,14 +186,15 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     """Run token ids through the whole model.  # [T] -> Trace (logits [T, vocab])
 
     With a `cache`, `ids` are the new positions only: they attend to the cached ones, and the cache grows.
-    record=False keeps no per-layer intermediates (for fast generation) and so runs layers.attention_fast,
+    record=False keeps no per-layer intermediates (for fast generation) and so runs the blocks with fast.FAST,
     which never stores the attention weights; last_only computes logits for the last position only. `head`
     replaces weights.output in the LM head: the same [vocab, d_model] numbers stored in another memory order
     (generation.decoding_head).
-    `hooks` maps a hook point "blocks.{i}.{point}" (see layers.block_forward) to a function that returns the
-    activation to use instead: the model then runs on (and the trace records) what the hook returned.
-    A pass that would keep more than `max_record_bytes` (pass_bytes: the logits, and the intermediates when
-    recorded) is refused before it starts. trace.unchanged names the hooks that returned what they were given.
+    `hooks` maps a hook point "blocks.{i}.{point}" (see layers.block_forward) or "final_norm" (what the LM head
+    reads) to a function that returns the activation to use instead: the model then runs on (and the trace records)
+    what the hook returned. A pass that would keep more than `max_record_bytes` (pass_bytes: the logits, and the
+    intermediates when recorded) is refused before it starts. trace.unchanged names the hooks that returned what
+    they were given.
     """
     config, w = model.config, model.weights
     _check_cache(config, cache)
@@ -207,51 +204,38 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     t = ids.numel()
     _check_budget(config, t, start + t, w.token_embd.dtype, max_record_bytes, record=record, last_only=last_only)
     unchanged: list[str] = []
-    hooked = layer_hooks(hooks, config.n_layer, unchanged)
+    hooked, final_hook = parse_hooks(hooks, config.n_layer, unchanged)
     positions = torch.arange(start, start + t)
-    seconds: dict[str, float] = {}
 
-    tic = time.perf_counter()
     tok = token_embedding(ids, w.token_embd, config.embed_scale)
     pos = position_embedding(positions, w.position_embd) if config.position == "learned" else None
-    x = tok + pos if pos is not None else tok
-    x0 = x
-    # RoPE angles depend only on position and the layer's base: compute once per distinct base.
-    ropes = {}
-    if config.position == "rope":
-        for theta in {config.theta(i) for i in range(config.n_layer)}:
-            ropes[theta] = rope_angles(positions, config.d_head, theta)
-    # A pass that records nothing runs attention_fast, which needs no mask (None) for a whole prompt (its kernel
-    # applies the plain causal mask itself) or for one new token (it sees every position), unless a window cuts.
-    plain = not record and (start == 0 or t == 1)
-    masks = {win: None if plain and (win is None or win >= start + t) else causal_mask(t, start + t, win)
-             for win in {config.window(i) for i in range(config.n_layer)}}
-    seconds["embedding"] = time.perf_counter() - tic
-
+    x = x0 = tok + pos if pos is not None else tok
+    # RoPE angles depend only on position and the layer's base: computed once per distinct base.
+    ropes = {theta: rope_angles(positions, config.d_head, theta)
+             for theta in {config.theta(i) for i in range(config.n_layer)}} if config.position == "rope" else {}
+    masks = fast.masks(config, t, start) if not record else \
+        {win: causal_mask(t, start + t, win) for win in {config.window(i) for i in range(config.n_layer)}}
     layers = []
     for i, block in enumerate(w.blocks):
-        tic = time.perf_counter()
         out = block_forward(x, block, config, masks[config.window(i)], ropes.get(config.theta(i)),
-                            cache.layers[i] if cache is not None else None, hooked[i], fast=not record)
+                            cache.layers[i] if cache is not None else None, hooked[i],
+                            stages=READABLE if record else fast.FAST)
         x = out.resid_post
         if record:
             layers.append(out)
-        seconds[f"layer {i}"] = time.perf_counter() - tic
-
-    tic = time.perf_counter()
-    final = norm(x[-1:] if last_only else x, w.output_norm, config)
-    seconds["final norm"] = time.perf_counter() - tic
-    tic = time.perf_counter()
+    final = final_hook(norm(x[-1:] if last_only else x, w.output_norm, config))
     logits = lm_head(final, w.output if head is None else head)
-    seconds["lm head"] = time.perf_counter() - tic
-    return Trace(ids, positions, tok, pos, x0, layers, final, logits, seconds, tuple(unchanged))
+    return Trace(ids, positions, tok, pos, x0, layers, final, logits, tuple(unchanged))
 
 
-HOOK_POINTS = ("resid_pre", "attn.z", "attn_out", "ffn_out", "resid_post")
+HOOK_POINTS = ("resid_pre", "attn.z", "attn_out", "ffn_out", "resid_post")   # in every layer, "blocks.{i}.{point}"
+FINAL_NORM = "final_norm"                                                  # after the final norm, once per pass
 
 
-def layer_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]] | None, n_layer: int, unchanged: list[str]) -> list:
-    """One (point, activation) -> activation function per layer from {"blocks.{i}.{point}": fn}; None where unhooked.
+def parse_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]] | None, n_layer: int,
+                unchanged: list[str]) -> tuple[list[Hook], Callable[[Tensor], Tensor]]:
+    """From {"blocks.{i}.{point}" or "final_norm": fn}: one (point, activation) -> activation hook per layer
+    (layers.no_hook where unhooked) and the final norm's activation -> activation.
 
     The names of hooks that return their activation unchanged are appended to `unchanged`.
     """
@@ -259,17 +243,20 @@ def layer_hooks(hooks: Mapping[str, Callable[[Tensor], Tensor]] | None, n_layer:
         raise TypeError(f"hooks must be a dict {{'blocks.{{i}}.{{point}}': function}}, got {type(hooks).__name__}: "
                         "e.g. hooks=iv.ablate_head(23, 4)")
     per_layer: list[dict] = [{} for _ in range(n_layer)]
+    final = {}
     for name, fn in (hooks or {}).items():
         parts = name.split(".", 2) if isinstance(name, str) else []
-        if len(parts) != 3 or parts[0] != "blocks" or not parts[1].isdigit() or int(parts[1]) >= n_layer \
-                or parts[2] not in HOOK_POINTS:
+        if name != FINAL_NORM and (len(parts) != 3 or parts[0] != "blocks" or not parts[1].isdigit()
+                                   or int(parts[1]) >= n_layer or parts[2] not in HOOK_POINTS):
             raise ValueError(f"unknown hook point {name!r}: use 'blocks.{{i}}.{{point}}' with 0 <= i < {n_layer} "
-                             f"and point one of {', '.join(HOOK_POINTS)}")
+                             f"and point one of {', '.join(HOOK_POINTS)}, or {FINAL_NORM!r}")
         if not callable(fn):
             raise TypeError(f"hook {name!r} is a {type(fn).__name__}, not a function: pass a function that takes "
                             "the activation and returns the one to use instead, e.g. lambda a: a * 0")
-        per_layer[int(parts[1])][parts[2]] = _checked(name, fn, unchanged)
-    return [(lambda point, a, h=h: h[point](a) if point in h else a) if h else None for h in per_layer]
+        where, point = (final, name) if name == FINAL_NORM else (per_layer[int(parts[1])], parts[2])
+        where[point] = _checked(name, fn, unchanged)
+    layer_hooks = [(lambda point, a, h=h: h[point](a) if point in h else a) if h else no_hook for h in per_layer]
+    return layer_hooks, final.get(FINAL_NORM, lambda a: a)
 
 
 def _checked(name: str, fn: Callable[[Tensor], Tensor], unchanged: list[str]) -> Callable[[Tensor], Tensor]:
@@ -285,60 +272,3 @@ def _checked(name: str, fn: Callable[[Tensor], Tensor], unchanged: list[str]) ->
             unchanged.append(name)
         return out
     return hook
-
-
-# ---------------------------------------------------------------- one prompt's journey, stage by stage
-
-@dataclass(frozen=True)
-class Journey:
-    """One prompt's walk: its tokens, the first forward pass, the first answer token, and the whole answer."""
-
-    prompt: str
-    ids: list[int]
-    trace: Trace                # the forward pass over the prompt (final norm and LM head: last position only)
-    probs: Tensor               # [vocab] next-token distribution after the prompt
-    first_token: int
-    answer: Generation          # the greedy answer, token by token (with a KV cache)
-    seconds: dict[str, float]   # wall time per stage of the first token, in the order they happen
-
-    STAGES = ("tokenize", "embedding", "layers", "final norm", "lm head", "softmax", "pick a token")
-    """The rows of stages(), by their keys in `seconds` ("layers": every "layer i" together)."""
-
-    def stages(self) -> list[tuple[str, str, float]]:
-        """(stage, shape of what it produced, seconds) for the first token: the article's pipeline, one row per
-        STAGES, named in the current language (lw.set_language).
-
-        The layers run every position; the final norm and the LM head only the last one, all the next token needs.
-        """
-        c, n, vocab = self.trace.final.shape[-1], len(self.ids), self.probs.numel()
-        seconds = {**self.seconds, "layers": sum(v for k, v in self.seconds.items() if k.startswith("layer "))}
-        rows = {"tokenize": (i18n.t("walk.journey.tokenize"), i18n.t("walk.journey.text_ids", n=n)),
-                "embedding": (i18n.t("walk.journey.embedding"), f"[{n}] → [{n}, {c}]"),
-                "layers": (i18n.t("walk.journey.layers", n_layer=len(self.trace.layers)), f"[{n}, {c}] → [{n}, {c}]"),
-                "final norm": (i18n.t("walk.journey.final_norm"), f"[{c}] → [{c}]"),
-                "lm head": (i18n.t("walk.journey.lm_head"), i18n.t("walk.journey.logits", d=c, vocab=vocab)),
-                "softmax": (i18n.t("walk.journey.softmax"), i18n.t("walk.journey.probabilities", vocab=vocab)),
-                "pick a token": (i18n.t("walk.journey.pick"), i18n.t("walk.journey.one_id"))}
-        return [(*rows[key], seconds[key]) for key in self.STAGES]
-
-
-def journey(model: "Model", prompt: str, chat: bool = False, max_new_tokens: int = 20) -> Journey:
-    """Walk `prompt` through the model once, timing every stage, then let the loop write the whole answer.
-
-    As in generation, the final norm and the LM head run on the last position only: trace.logits is [1, vocab].
-    """
-    seconds: dict[str, float] = {}
-    tic = time.perf_counter()
-    ids = model.tokenizer.encode(prompt, chat=chat)
-    seconds["tokenize"] = time.perf_counter() - tic
-    trace = forward(model, ids, last_only=True)
-    seconds.update(trace.seconds)
-    tic = time.perf_counter()
-    probs = softmax(trace.logits[0])
-    seconds["softmax"] = time.perf_counter() - tic
-    tic = time.perf_counter()
-    first = int(greedy(probs))
-    seconds["pick a token"] = time.perf_counter() - tic
-    from .generation import generate       # here: generation is built on forward, defined above
-    answer = generate(model, ids, max_new_tokens=max_new_tokens)
-    return Journey(prompt, ids, trace, probs, first, answer, seconds)

@@ -191,6 +191,8 @@ def tensors(obj) -> Iterator[tuple[str, Tensor]]:
                 yield f"{i}.{name}".rstrip("."), t
     elif obj is not None:
         for f in fields(obj):
+            if f.metadata.get("view"):          # a reference into tensors held elsewhere (QuantizedTensor.fused)
+                continue
             for name, t in tensors(getattr(obj, f.name)):
                 yield f"{f.name}.{name}".rstrip("."), t
 
@@ -216,7 +218,8 @@ def map_tensors(obj, fn):
             return tuple(go(x) for x in o)
         if o is None:
             return None
-        return replace(o, **{f.name: go(getattr(o, f.name)) for f in fields(o)})
+        # a view into other tensors (QuantizedTensor.fused) is dropped: it would still point at the unmapped ones
+        return replace(o, **{f.name: None if f.metadata.get("view") else go(getattr(o, f.name)) for f in fields(o)})
 
     return go(obj)
 

@@ -11,7 +11,7 @@ import llmwalk as lw
 from llmwalk import analysis
 from llmwalk import cost
 from llmwalk.claims import cost as c8
-from llmwalk.quantize import dequantize_model, dynamic_int8_logits, map_linears, quantize_model
+from llmwalk.quantize import dequantize_model, map_linears, quantize_activations, quantize_model
 from llmwalk.prompts import SPECULATIVE_PROMPTS
 from llmwalk.speculative import ModelDraft
 from llmwalk.report import Verdict
@@ -198,7 +198,7 @@ def test_q4_1_grid_error_is_float_round_off(smollm2):
 
 def test_dynamic_int8_is_far_worse_than_weight_only(smollm2, eval_logits):
     ids, ref, out = eval_logits
-    dyn = torch.log_softmax(dynamic_int8_logits(smollm2, ids), -1)
+    dyn = torch.log_softmax(lw.forward(quantize_activations(quantize_model(smollm2, 8)), ids, record=False).logits, -1)
     kl = lambda x: float((ref.exp() * (ref - x)).sum(-1).mean())             # noqa: E731
     assert kl(dyn) > 10 * kl(out)
 
@@ -226,7 +226,7 @@ def test_torch_quantize_dynamic_breaks_the_model_too(smollm2, eval_logits):
     out = torch.log_softmax(lw.forward(torch_dynamic, ids, record=False).logits, -1)
     kl = lambda x: float((ref.exp() * (ref - x)).sum(-1).mean())              # noqa: E731
     top1 = float((ref.argmax(-1) == out.argmax(-1)).float().mean())
-    ours = torch.log_softmax(dynamic_int8_logits(smollm2, ids), -1)
+    ours = torch.log_softmax(lw.forward(quantize_activations(quantize_model(smollm2, 8)), ids, record=False).logits, -1)
     assert kl(out) > 0.3 and kl(out) > 30 * kl(weight_only) and top1 < 0.7   # torch's path fails the same way
     assert 0.33 < kl(ours) / kl(out) < 3                                    # and the simulation is of its size
 

@@ -11,7 +11,7 @@ from llmwalk.i18n import placeholders, t, table
 
 PACKAGE = Path(i18n.__file__).parent
 DYNAMIC: dict[str, str] = {     # key prefix -> why the code builds such keys at run time (read with table(), not t())
-    "viz.stage.": "viz.cost.stage_label names the stage identifiers of cost.flops_by_stage and Trace.seconds"}
+    "viz.stage.": "viz.cost.stage_label names the stage identifiers of cost.flops_by_stage and timed_forward"}
 
 
 def _t_calls() -> list[tuple[str, ast.Call]]:

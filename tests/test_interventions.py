@@ -102,8 +102,9 @@ def test_a_patch_under_generate_is_refused_naming_the_later_passes(smollm2, fran
 
 
 def test_hooks_on_the_fast_path_equal_the_readable_path(smollm2, france):
-    """next_token_probs and effects run record=False: attention_fast's attn.z hook for a prompt, _attend_one's
-    for a decode step with the cache. Both must match the readable (record=True) attention with the same hook."""
+    """next_token_probs and effects run record=False: fast.attention's attn.z hook for a prompt (attend_all), and
+    for a decode step with the cache (attend_one). Both must match the readable (record=True) attention with the same
+    hook."""
     tok = smollm2.tokenizer
     source = lw.forward(smollm2, tok.encode(GERMANY))
     tokens = [tok.token_id(" Paris"), tok.token_id(" Berlin")]

@@ -50,3 +50,34 @@ def test_journey_stages_speak_the_current_language(smollm2):
     assert [s[1] for s in zh] == ["文本 → 5 个 id", "[5] → [5, 576]", "[5, 576] → [5, 576]", "[576] → [576]",
                                   "[576] → [49152] 个 logit", "[49152] 个概率", "1 个 id"]
     assert [s[2] for s in zh] == [s[2] for s in j.stages()]           # the same timings, only the names differ
+
+
+def test_timed_forward_times_each_stage_in_order_and_changes_nothing(smollm2, monkeypatch):
+    """Stage timings through forward's hook points: the clock is read where each stage ends (the embedding before
+    layer 0 starts its work, each layer at its end, the final norm before the LM head), and the trace is forward's
+    (the timing hooks return what they were given; their names are not reported)."""
+    ids = smollm2.tokenizer.encode("The capital of France is")
+    plain = lw.forward(smollm2, ids, last_only=True)
+    log = []
+    walk = lw.walk
+    block_forward, norm, lm_head = walk.block_forward, walk.norm, walk.lm_head
+
+    def block(x, *args, **kwargs):
+        log.append("layer")
+        out = block_forward(x, *args, **kwargs)
+        log.append("end")
+        return out
+    monkeypatch.setattr(walk, "block_forward", block)
+    monkeypatch.setattr(walk, "norm", lambda *a: log.append("final norm") or norm(*a))
+    monkeypatch.setattr(walk, "lm_head", lambda *a: log.append("lm head") or lm_head(*a))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(len(log.append("clock") or log) ** 2))
+    trace, seconds = lw.timed_forward(smollm2, ids, last_only=True)
+    n = smollm2.config.n_layer
+    # the clock inside a layer: once as it starts (resid_pre of layer 0: the embedding is done), once at its end
+    assert log == ["clock", "layer", "clock", "clock", "end"] + ["layer", "clock", "end"] * (n - 1) + \
+        ["final norm", "clock", "lm head", "clock"]
+    assert list(seconds) == ["embedding", *(f"layer {i}" for i in range(n)), "final norm", "lm head"]
+    readings = [float((i + 1) ** 2) for i, e in enumerate(log) if e == "clock"]
+    assert list(seconds.values()) == [b - a for a, b in zip(readings, readings[1:])]
+    assert torch.equal(trace.logits, plain.logits) and torch.equal(trace.final, plain.final)
+    assert trace.unchanged == () and len(trace.layers) == n

@@ -75,7 +75,6 @@ def test_trace_holds_every_intermediate(smollm2, hf_smollm2):
         theirs = hf_smollm2.lm_head(hf_smollm2.model.norm(trace.resid[-1]))
     torch.testing.assert_close(trace.resid[:-1], torch.cat(hidden[:-1]), atol=ORACLE_ATOL, rtol=1e-4)
     torch.testing.assert_close(trace.logits, theirs, atol=ORACLE_ATOL, rtol=0)
-    assert set(trace.seconds) >= {"embedding", "layer 0", "lm head"}
 
 
 def test_forward_with_cache_in_chunks_equals_one_pass(smollm2):

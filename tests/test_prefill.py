@@ -1,19 +1,17 @@
-"""The fast path of passes that record nothing: layers.attention_fast (torch's fused attention) against the
-readable layers.attention it replaces, on SmolLM2's real weights (grouped-query attention, RoPE)."""
+"""The fast path of passes that record nothing: fast.attention (torch's fused attention), fast.norm, fast.ffn and
+rope_together against the readable layers.py functions they replace, on SmolLM2's real weights (grouped-query
+attention, RoPE), hooks included."""
 from dataclasses import replace
 
 import pytest
 import torch
 
 import llmwalk as lw
+from llmwalk import fast, layers
 from llmwalk.embedding import apply_rope, rope_angles
 from llmwalk.kv_cache import KVCache
-from llmwalk.layers import SDPA_GQA, attention, attention_fast, causal_mask, norm, norm_fast, rope_together
-
-# The profiler tests name torch 2.13's operators (aten::scaled_dot_product_attention and the _math fallback it must
-# avoid); before torch 2.5 the fast path takes another route (layers.SDPA_GQA), which they do not describe.
-on_torch_2_5 = pytest.mark.skipif(not SDPA_GQA, reason=f"torch {torch.__version__} < 2.5: the profiler tests "
-                                  "describe the fused-kernel route of torch >= 2.5")
+from llmwalk.fast import attention as attention_fast, norm as norm_fast, rope_together
+from llmwalk.layers import attention, causal_mask, norm
 
 
 def _layer_input(model, t: int, seed: int = 0):
@@ -69,7 +67,6 @@ def test_attention_fast_without_mask_is_causal(smollm2):
     torch.testing.assert_close(fast.out, slow.out, atol=1e-5, rtol=0)
 
 
-@on_torch_2_5
 def test_prefill_runs_the_fused_kernel(smollm2):
     """The fast path must reach torch's fused attention kernel, not its fallback that stores the [T, S] scores
     (what 3-D or grouped-query inputs get: several times slower at long prompts)."""
@@ -103,7 +100,6 @@ def test_attention_fast_decoding_one_token(smollm2, window):
     assert (alone.out - fast.out).abs().amax() > 1e-2
 
 
-@on_torch_2_5
 def test_decoding_runs_one_fused_attention_per_layer(smollm2):
     """A decoding step of an unrecorded forward reaches the fused kernel in every layer, without the plain path's
     scores and softmax (the ~8 small operations per layer this fast path removes)."""
@@ -133,3 +129,70 @@ def test_rope_together_rotates_each_as_apply_rope(smollm2):
     q2, k2 = rope_together(q, k, rope)
     assert torch.equal(q2, apply_rope(q, *rope)) and torch.equal(k2, apply_rope(k, *rope))
     assert rope_together(q, k, None) == (q, k)
+
+
+def _ablate_head(h: int):
+    """A block hook that zeroes head h's mix of values (what interventions.ablate_head does at "attn.z")."""
+    def hook(point, a):
+        return a.index_fill(0, torch.tensor([h]), 0.0) if point == "attn.z" else a
+    return hook
+
+
+@pytest.mark.parametrize("decoding", [False, True], ids=["prefill", "decode"])
+def test_attention_fast_runs_the_attn_z_hook_as_attention_does(smollm2, decoding):
+    """The hook point interventions use on the fast path (next_token_probs, ablate_head): fast.attention hands the
+    hook the same z as the readable attention, and what it returns is what W_O reads."""
+    x, block, rope = _layer_input(smollm2, 12)
+    config = smollm2.config
+    caches = [KVCache.empty(config, 12).layers[0] for _ in range(2)]
+    outs = []
+    for fn, cache in zip((attention, attention_fast), caches):
+        if decoding:                               # 11 positions cached, then the 12th alone
+            fn(x[:11], block, config, None if fn is attention_fast else causal_mask(11), (rope[0][:11], rope[1][:11]),
+               cache)
+            outs.append(fn(x[11:], block, config, None if fn is attention_fast else causal_mask(1, 12),
+                           (rope[0][11:], rope[1][11:]), cache, _ablate_head(4)))
+        else:
+            mask = None if fn is attention_fast else causal_mask(12)
+            outs.append(fn(x, block, config, mask, rope, None, _ablate_head(4)))
+    slow, fast = outs
+    assert bool((fast.z[4] == 0).all())
+    torch.testing.assert_close(fast.z, slow.z, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast.out, slow.out, atol=1e-5, rtol=0)
+    if not decoding:                               # the hook changes the output: ignoring it would show
+        assert (attention_fast(x, block, config, None, rope).out - fast.out).abs().amax() > 1e-3
+
+
+def test_a_fast_block_with_hooks_at_every_point_is_the_readable_block(smollm2):
+    """block_forward with fast.FAST: the same BlockOut as the readable stages, with a hook that changes every
+    point (each one's change reaches the output), on a prompt."""
+    x, block, rope = _layer_input(smollm2, 10)
+    x = x * 3                                                        # any residual stream will do
+    config = smollm2.config
+
+    def hook(point, a):
+        return a * (0.5 if point == "attn.z" else 1.1)
+    slow = layers.block_forward(x, block, config, causal_mask(10), rope, None, hook)
+    fast_out = layers.block_forward(x, block, config, None, rope, None, hook, stages=fast.FAST)
+    for name in ("attn_in", "resid_mid", "ffn_in", "ffn_hidden", "ffn_out", "resid_post"):
+        torch.testing.assert_close(getattr(fast_out, name), getattr(slow, name), atol=1e-4, rtol=1e-5)
+    plain = layers.block_forward(x, block, config, causal_mask(10), rope)
+    assert (plain.resid_post - slow.resid_post).abs().amax() > 1e-2
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_fused_quantized_linears_are_the_readable_products(smollm2, bits):
+    """fast.linears multiplies q/k/v (and gate/up) stored as one quantized matrix once: the columns of that product
+    are what each matrix multiplied alone gives (layers.linear), and fast.ffn / fast.attention agree with the
+    readable ffn / attention on the quantized block."""
+    q = lw.quantize_model(smollm2, bits, group_size=32 if bits == 4 else None)
+    block, config = q.weights.blocks[3], q.config
+    x, _, rope = _layer_input(smollm2, 6)
+    lins = (block.attn_q, block.attn_k, block.attn_v)
+    assert all(lin.weight.fused is not None and lin.weight.fused.whole is block.attn_q.weight.fused.whole
+               for lin in lins)
+    for together, alone in zip(fast.linears(x, lins), (layers.linear(x, lin) for lin in lins)):
+        torch.testing.assert_close(together, alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(fast.ffn(x, block, config)[0], layers.ffn(x, block, config)[0], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(attention_fast(x, block, config, None, rope).out,
+                               attention(x, block, config, None, rope).out, atol=1e-4, rtol=1e-5)

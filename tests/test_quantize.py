@@ -10,14 +10,13 @@ from gguf.quants import dequantize
 import llmwalk as lw
 from llmwalk.cost import weight_bytes
 from llmwalk.gguf_blocks import gguf_q4_1_blocks
-from llmwalk import layers
 from llmwalk.layers import linear
 from llmwalk.models import REGISTRY, cache_dir
 from llmwalk import quantize
 from llmwalk.accuracy import activation_outliers, compare_to_fp32, eval_text
 from llmwalk.quantize_kernels import KERNELS
-from llmwalk.quantize import (LINEARS, QuantizedTensor, dequantize_model, dequantize_tensor, dynamic_int8_logits,
-                              model_weight_bytes, quantize_model, quantize_tensor)
+from llmwalk.quantize import (LINEARS, QuantizedTensor, dequantize_model, dequantize_tensor, model_weight_bytes,
+                              quantize_activations, quantize_model, quantize_tensor)
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
@@ -211,7 +210,7 @@ def test_int8_activations_break_the_model_because_of_outliers(smollm2, int8):
         return float((ref.exp() * (ref - out)).sum(-1).mean()), float((ref.argmax(-1) == out.argmax(-1)).float().mean())
 
     kl_weights, top1_weights = kl_and_top1(lw.forward(int8, ids, record=False).logits)
-    kl_dynamic, top1_dynamic = kl_and_top1(dynamic_int8_logits(smollm2, ids))
+    kl_dynamic, top1_dynamic = kl_and_top1(lw.forward(quantize_activations(int8), ids, record=False).logits)
     assert kl_dynamic > 10 * kl_weights and top1_dynamic < top1_weights
 
 
@@ -243,7 +242,7 @@ def test_fused_columns_are_the_matrices_quantized_alone():
         for part, w in zip(parts, ws):
             alone = quantize_tensor(w, *fmt)
             assert torch.equal(dequantize_tensor(part), dequantize_tensor(alone))
-            assert part.parent[0] is parts[0].parent[0] and part.codes.T.is_contiguous()
+            assert part.fused.whole is parts[0].fused.whole and part.codes.T.is_contiguous()
 
 
 @pytest.mark.parametrize("kernels", [True, False], ids=["torch kernels", "fallback"])
@@ -254,7 +253,7 @@ def test_fused_quantized_model_computes_what_the_unfused_one_does(smollm2, monke
     if not kernels:
         monkeypatch.setattr(quantize, "has_kernel", lambda name: False)
     fused, alone = quantize_model(smollm2, *fmt), quantize_model(smollm2, *fmt, fuse=False)
-    assert fused.weights.blocks[0].attn_q.weight.parent is not None and alone.weights.blocks[0].attn_q.weight.parent is None
+    assert fused.weights.blocks[0].attn_q.weight.fused is not None and alone.weights.blocks[0].attn_q.weight.fused is None
     assert (fused.weights.blocks[0].attn_q.weight.kernel is None) != kernels
     assert model_weight_bytes(fused) == model_weight_bytes(alone)
     ids = smollm2.tokenizer.encode("The capital of France is")
@@ -264,7 +263,10 @@ def test_fused_quantized_model_computes_what_the_unfused_one_does(smollm2, monke
     assert lw.generate(fused, prompt, 4).new_ids == lw.generate(alone, prompt, 4).new_ids
 
     calls = []
-    matmul = layers.matmul
-    monkeypatch.setattr(layers, "matmul", lambda x, w: calls.append(w) or matmul(x, w))
+    rmatmul = QuantizedTensor.__rmatmul__
+    monkeypatch.setattr(QuantizedTensor, "__rmatmul__", lambda w, x: calls.append(w) or rmatmul(w, x))
     lw.forward(fused, ids, record=False)
-    assert len(calls) == 4 * smollm2.config.n_layer            # per layer: qkv, output, gate+up, down (7 unfused)
+    assert len(calls) == 4 * smollm2.config.n_layer            # per layer: qkv, output, gate+up, down (fast.linears)
+    calls.clear()
+    lw.forward(fused, ids)                                     # the readable path multiplies each matrix on its own
+    assert len(calls) == 7 * smollm2.config.n_layer

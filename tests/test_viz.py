@@ -367,7 +367,7 @@ def test_speculative_timeline():
 
 
 def test_stage_timeline(trace, model):
-    fig = viz.stage_timeline({"tokenize": 0.001, **trace.seconds, "softmax": 0.0005, "sample": 0.0001})
+    fig = viz.stage_timeline({"tokenize": 0.001, **lw.timed_forward(model, trace.ids)[1], "softmax": 0.0005, "sample": 0.0001})
     assert tick_labels(fig.axes[0].yaxis) == ["tokenize", "embedding", f"{model.config.n_layer} layers",
                                               "final norm", "lm head", "softmax", "sample"]
     title = viz.stage_timeline({"tokenize": 0.2, "embedding": 0.2374}).axes[0].get_title()

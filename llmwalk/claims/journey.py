@@ -21,14 +21,15 @@ from . import listed
 from ..report import Claim, Table, Verdict, table
 from ..sampling import probs_after
 from ..tokens import gpt2_tokenizer
-from ..walk import Trace, forward, journey as run_journey
+from ..journey import journey as run_journey
+from ..walk import Trace, forward
 from .autoregressive import GEMMA_PROMPT, QUESTION
 from .cost import _b
 from .sampling import TOP_P
 from .tokenization import QUESTION_MARKED
 
 if TYPE_CHECKING:
-    from ..walk import Journey
+    from ..journey import Journey
     from ..models import Model
 
 SECTION = "九"

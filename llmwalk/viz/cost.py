@@ -14,7 +14,7 @@ from ._draw import CHIP_COLORS, KEPT, Chip, chip_figure, new_figure, si, token_b
 
 
 def stage_label(stage: str) -> str:
-    """How a figure names a stage identifier of cost.flops_by_stage or Trace.seconds ("attn_q", "lm head", ...) in
+    """How a figure names a stage identifier of cost.flops_by_stage or timed_forward ("attn_q", "lm head", ...) in
     the current language (viz.toml's [stage]); the code keeps the identifiers. Unknown names show as they are."""
     return table(language()).get("viz.stage." + stage.replace(" ", "-"), stage)   # "lm head" (timed) ≠ "lm_head"
 

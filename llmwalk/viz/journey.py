@@ -10,7 +10,7 @@ from ..i18n import t
 from ._draw import CHIP_COLORS, CHOSEN, show_piece, text_width
 
 if TYPE_CHECKING:
-    from ..walk import Journey
+    from ..journey import Journey
 
 FONT = 10                       # points; box geometry is in em of this size
 NOT_IN_ARTICLE = "#e5e5e5"      # the final norm: a stage the article's chain leaves out

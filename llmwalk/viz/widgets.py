@@ -209,7 +209,7 @@ class GenerationWidget(PlotWidget):
     def __init__(self, model, prompt: str, chat: bool = False, temperature: float = 0.7, seed: int = 0, n: int = 10,
                  *, top_p: float | None = None):
         self.model, self.n, self.top_p = model, n, top_p
-        loop = prepare(model, prompt, max_new_tokens=1, sampler=Sampler(temperature, top_p=top_p), seed=seed,
+        loop = prepare(model, prompt, max_new_tokens=1, temperature=temperature, top_p=top_p, seed=seed,
                        kv_cache=False, chat=chat, top_n=0)        # every setting checked before any widget
         clicks = min(self.MAX_CLICKS, model.config.context_length - len(loop.prompt_ids))
         self.loop = replace(loop, max_new_tokens=clicks,

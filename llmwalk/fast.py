@@ -1,0 +1,118 @@
+"""The fast path of passes that record nothing (generation): layers.py's maths in fewer, fused operations.
+
+forward(record=False) runs every block with FAST instead of layers.READABLE: torch's fused attention kernel (the
+[n_head, T, S] scores and their softmax are never stored), RMSNorm in one operation, RoPE on q and k at once, and one
+product for the linears that quantize_model(fuse=True) stored as one matrix. Each function here is tested equal to
+its readable twin in layers.py (tests/test_prefill.py), hooks included.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import layers
+from .embedding import apply_rope
+from .kv_cache import LayerCache
+from .layers import AttentionOut, Hook, Stages, gate, linear, merge_heads, no_hook, split_qkv
+from .quantize import QuantizedTensor
+from .weights import Block, Config, Linear, Norm
+
+
+def linears(x: Tensor, lins: Sequence[Linear]) -> list[Tensor]:
+    """[linear(x, l) for l in lins], as one product when their weights are the column slices of one quantized
+    matrix (quantize_model(fuse=True) stores q/k/v and gate/up so): one kernel call per token instead of three.
+
+    # [T, d_in] -> [[T, d_out_i]]
+    """
+    parts = [lin.weight.fused if isinstance(lin.weight, QuantizedTensor) else None for lin in lins]
+    if parts[0] is None or any(p is None or p.whole is not parts[0].whole for p in parts):
+        return [linear(x, lin) for lin in lins]
+    y = x @ parts[0].whole                                      # [T, Σ d_out]
+    return [y[:, p.start:p.end] if lin.bias is None else y[:, p.start:p.end] + lin.bias for p, lin in zip(parts, lins)]
+
+
+def norm(x: Tensor, w: Norm, config: Config) -> Tensor:
+    """layers.norm with RMSNorm in torch's one fused operation (F.rms_norm) for float32 activations, where it
+    computes the same numbers as rms_norm's six; other dtypes and LayerNorm take layers.norm.  # [T, d] -> [T, d]"""
+    if config.norm == "layernorm" or x.dtype != torch.float32:
+        return layers.norm(x, w, config)
+    return F.rms_norm(x, x.shape[-1:], w.weight, config.norm_eps)
+
+
+def rope_together(q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor]:
+    """apply_rope to q and to k as one tensor (the same angles rotate both): half the small operations, which
+    is what a decoding step of one token pays for.  # ([n_head, T, d_head], [n_kv_head, T, d_head]) -> same"""
+    if rope is None:
+        return q, k
+    qk = apply_rope(torch.cat([q, k]), *rope)                   # (nh + nkv, T, hs)
+    return qk[:q.shape[0]], qk[q.shape[0]:]
+
+
+def attention(x: Tensor, block: Block, config: Config, mask: Tensor | None,
+              rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None,
+              hook: Hook = no_hook) -> AttentionOut:
+    """layers.attention through torch's fused scaled_dot_product_attention: the same output, weights None.
+
+    mask=None: the plain causal mask over S = T positions (a whole prompt), which the kernel applies itself without
+    building it, or no mask at all for one new token (decoding), which sees every position.
+    # [T, d_model] -> [T, d_model]
+    """
+    q, k, v = split_qkv(*linears(x, (block.attn_q, block.attn_k, block.attn_v)), block, config)
+    q, k = rope_together(q, k, rope)
+    if cache is not None:
+        k, v = cache.update(k, v)                                # (nkv, S, hs)
+    z = hook("attn.z", (attend_one if x.shape[0] == 1 else attend_all)(q, k, v, mask, config))   # (nh, T, hs)
+    return AttentionOut(linear(merge_heads(z), block.attn_output), None, q, k, v, z)
+
+
+def attend_all(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, config: Config) -> Tensor:
+    """Each head's mix of values for T queries at once.
+
+    # ([n_head, T, d_head], [n_kv_head, S, d_head] x 2) -> [n_head, T, d_head]
+
+    torch's CPU flash kernel takes only 4-D [batch, head, T, d_head] inputs with as many key heads as query heads;
+    anything else falls back to a plain implementation that stores the scores (several times slower). So each key
+    head is copied for the query heads of its group (GQA), which also makes k/v contiguous.
+    """
+    group = config.n_head // k.shape[0]
+    k_all, v_all = (a.repeat_interleave(group, dim=0)[None] for a in (k, v))   # (1, nh, S, hs)
+    return F.scaled_dot_product_attention(q[None], k_all, v_all, attn_mask=mask, is_causal=mask is None,
+                                          scale=config.scale)[0]
+
+
+def attend_one(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, config: Config) -> Tensor:
+    """Each head's mix of values for one new token (decoding): one fused kernel over the cache instead of the ~8
+    small operations of the plain path (scores, scale, mask, softmax, mix), reading the cached keys in place
+    (enable_gqa: no copy per query head). The one query is the last position, so it sees every key: no causal mask
+    (is_causal would align it with key 0); `mask` [1, S] only for a sliding window.
+    # ([n_head, 1, d_head], [n_kv_head, S, d_head] x 2) -> [n_head, 1, d_head]
+    """
+    return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask, scale=config.scale,
+                                          enable_gqa=True)[0]
+
+
+def ffn(x: Tensor, block: Block, config: Config) -> tuple[Tensor, Tensor]:
+    """layers.ffn with a gated FFN's gate and up projections as one product when they are stored fused.
+
+    # [T, d] -> ([T, d], [T, d_ff])
+    """
+    if config.ffn == "gelu":
+        return layers.ffn(x, block, config)
+    g, up = linears(x, (block.ffn_gate, block.ffn_up))
+    hidden = gate(config)(g) * up
+    return linear(hidden, block.ffn_down), hidden
+
+
+def masks(config: Config, t: int, start: int) -> dict[int | None, Tensor | None]:
+    """The mask of every distinct attention window for t new positions after `start` cached ones: None where the
+    kernel needs none (a whole prompt: it applies the causal mask itself; one new token: it sees every position)
+    and the window does not cut.  # -> {window: [t, start + t] bool or None}"""
+    plain = start == 0 or t == 1
+    return {win: None if plain and (win is None or win >= start + t) else layers.causal_mask(t, start + t, win)
+            for win in {config.window(i) for i in range(config.n_layer)}}
+
+
+FAST = Stages(norm, attention, ffn)
