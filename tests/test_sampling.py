@@ -11,6 +11,9 @@ from transformers.generation.logits_process import (
 )
 
 from llmwalk.sampling import (
+    entropy,
+    kept,
+    rank_of,
     Sampler,
     apply_temperature,
     greedy,
@@ -265,3 +268,31 @@ def test_surgery(seed, top_k, top_p):
 def test_tiny_temperature_that_overflows_names_greedy():
     with pytest.raises(ValueError, match="temperature=0"):
         sample(torch.tensor([1.0, 2.0, 3.0]), temperature=1e-300, generator=torch.Generator().manual_seed(0))
+
+
+# ---------------------------------------------------------------- measurements on a distribution
+
+def test_entropy_equals_torch_categorical():
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 3
+    for t in (0.5, 1.0, 2.0):
+        ref = float(torch.distributions.Categorical(logits=logits.double() / t).entropy())
+        assert entropy(probs_after(logits, t)) == pytest.approx(ref, rel=1e-6)
+    assert entropy(torch.tensor([1.0, 0.0, 0.0])) == pytest.approx(0.0, abs=1e-9)          # one sure token
+    assert entropy(torch.full((8,), 1 / 8)) == pytest.approx(torch.log(torch.tensor(8.0)).item())
+
+
+def test_rank_of_equals_a_sort_by_hand():
+    probs = torch.tensor([0.1, 0.4, 0.05, 0.3, 0.15])
+    order = sorted(range(5), key=lambda i: -float(probs[i]))            # [1, 3, 4, 0, 2]
+    assert [int(rank_of(probs, i)) for i in range(5)] == [order.index(i) + 1 for i in range(5)]
+    rows = torch.stack([probs, probs.flip(0)])                          # one rank per row
+    assert rank_of(rows, 1).tolist() == [1, 2]
+    assert int(rank_of(torch.tensor([0.3, 0.3, 0.4]), 1)) == 2          # a tie shares the better rank
+
+
+def test_kept_counts_the_tokens_left_after_each_cut():
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
+    assert kept(logits) == 4
+    assert kept(logits, top_k=2) == 2
+    assert kept(logits, top_p=0.7) == 2                          # 0.5 + 0.25 reaches 0.7
+    assert kept(logits, min_p=0.25) == 3                         # ≥ 0.25 × 0.5
