@@ -273,11 +273,16 @@ def test_gemma_rows_match_transformers(smollm2, gemma, hf_gemma):
         rank = int((p > p[paris]).sum()) + 1
         assert repr(text) in row.article
         assert f"P(巴黎) = {float(p[paris]):.2g}, rank {rank:,}" in row.measured   # 2 digits, as notebook 05
-    # after the question Gemma restates it (✗); 巴黎 is near the top after the bare sentence start, and first after
-    # its own restatement — but P(北) there is far below the article's 0.018, and P(巴黎) then far above its 0.042:
-    # off by more than ×2, so ✗ by the rule for numbers
-    assert [r.verdict for r in rows[4:7]] == [DIFFERS, DIFFERS, DIFFERS]
-    assert rows[6].numbers["巴黎"]["rank"] == 1 and rows[6].numbers["巴黎"]["p"] > 2 * lm_head.ARTICLE_P["巴"]
+        # the verdict is the rule (tested on its own in test_paris_verdict_follows_the_numbers) applied to
+        # transformers' numbers for the same words: P(word) as the product of its pieces, the rank of its first piece
+        hf_stats = {}
+        for word in lm_head.PARIS + lm_head.BEIJING:
+            pieces = gemma.tokenizer.text_ids(word)
+            out = torch.softmax(hf_forward(hf_gemma, ids + pieces[:-1]).logits[0, len(ids) - 1:], -1)
+            hf_stats[word] = {"p": float(torch.prod(out[torch.arange(len(pieces)), torch.tensor(pieces)])),
+                              "rank": int((out[0] > out[0, pieces[0]]).sum()) + 1}
+        assert row.verdict == lm_head.paris_verdict(hf_stats)
+        assert {w: row.numbers[w]["rank"] for w in hf_stats} == {w: s["rank"] for w, s in hf_stats.items()}
 
 
 @needs_gemma

@@ -82,6 +82,21 @@ def test_filters_match_transformers_warpers(kind, vocab):
         assert_same(top_k_filter(x[0], k), top_k_filter(x, k)[0])
 
 
+def test_top_p_textbook_form_matches_transformers_on_many_rows():
+    """top_p_filter keeps a token while the mass ranked above it is < p; transformers cuts the ascending tail whose
+    mass is <= 1 - p. The same set in exact arithmetic: checked bit for bit where float sums could part them — wide
+    vocabularies, p anywhere in (0, 1), and rows where the crossing token's cumulative mass sits within round-off of p."""
+    g = torch.Generator().manual_seed(7)
+    for _ in range(300):
+        x = torch.randn(8, 1000, generator=g) * float(torch.empty(()).uniform_(0.3, 5, generator=g))
+        p = float(torch.rand((), generator=g)) * 0.999 + 1e-3
+        assert_same(top_p_filter(x, p), TopPLogitsWarper(p)(None, x))
+    # p exactly at a cumulative mass: 4 tied tokens of 1/4 and p = 1/2, 1/4, 3/4
+    x = torch.zeros(4)
+    for p in (0.25, 0.5, 0.75):
+        assert_same(top_p_filter(x, p), TopPLogitsWarper(p)(None, x[None])[0])
+
+
 @combos
 def test_probs_after_matches_generate_pipeline(kind, vocab):
     for x, k, p, min_p, t in cases(kind, vocab):
