@@ -7,7 +7,7 @@ every CPU, to the digits a float sum keeps.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.resources import files
 from typing import TYPE_CHECKING, Sequence
 
@@ -16,18 +16,30 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .checks import is_int
-from .quantize import LINEARS, model_weight_bytes, to_float
+from .quantize import (LINEARS, dequantize_model, model_weight_bytes, quantize_activations, quantize_model,
+                       to_float)
 from .walk import Trace, forward
+from .weights import to_dtype
 
 if TYPE_CHECKING:
     from .models import Model
 
 EVAL_TEXT = "data/eval_text.txt"
+EVAL_TOKENS = 256    # accuracy is measured on the shipped text's first 256 tokens
+FORMATS = ("bf16", "int8", "int4 g32 symmetric", "int4 g32 asymmetric", "int8 weights + int8 activations")
 
 
 def eval_text() -> str:
     """The evaluation text shipped with llmwalk (an original ~800-word explanation of how Paris became a capital)."""
     return files("llmwalk").joinpath(EVAL_TEXT).read_text(encoding="utf-8")
+
+
+def eval_ids(model: "Model", n: int = EVAL_TOKENS) -> list[int]:
+    """The first n token ids of the shipped text, the text repeated when it is shorter than n tokens.  # -> [n]"""
+    if not is_int(n) or n < 1:
+        raise ValueError(f"n must be an int >= 1 (a number of tokens), got {n!r}")
+    one = model.tokenizer.encode(eval_text())
+    return (one * (n // len(one) + 1))[:n]
 
 
 def log_probs(model: "Model", ids: Sequence[int]) -> Tensor:
@@ -36,7 +48,8 @@ def log_probs(model: "Model", ids: Sequence[int]) -> Tensor:
 
 
 def token_nll(log_p: Tensor, ids: Sequence[int]) -> Tensor:
-    """−log p(actual next token) at every position but the last.  # [T, vocab] -> [T - 1]"""
+    """−log p(actual next token) at every position but the last: entry i is −log p(ids[i + 1] | ids[:i + 1]).
+    # [T, vocab] -> [T - 1]"""
     return -log_p[:-1].gather(1, torch.tensor(list(ids[1:]))[:, None])[:, 0]
 
 
@@ -129,3 +142,44 @@ def activation_outliers(trace: Trace) -> list[dict]:
                          "ratio": float(peak / median), "channel": int(a.amax(0).argmax()),
                          "position": int(a.amax(1).argmax())})
     return rows
+
+
+# ---------------------------------------------------------------- number formats, side by side
+
+def variant(model: "Model", name: str) -> tuple["Model", int]:
+    """The model in one number format (one of FORMATS), runnable by `forward`, and the bytes its weights take.
+
+    The rounded weights are multiplied in fp32 (dequantized), so each row shows what the format's rounding
+    alone costs: torch's integer kernels, which the speed section uses, also round activations to bf16.
+    """
+    if name not in FORMATS:
+        raise ValueError(f"unknown format {name!r}: use one of {', '.join(map(repr, FORMATS))}")
+    if name == "bf16":
+        bf16 = replace(model, weights=to_dtype(model.weights, torch.bfloat16))
+        return dequantize_model(bf16), model_weight_bytes(bf16)
+    q = {"int8": lambda: quantize_model(model, 8),
+         "int8 weights + int8 activations": lambda: quantize_model(model, 8),
+         "int4 g32 symmetric": lambda: quantize_model(model, 4, 32),
+         "int4 g32 asymmetric": lambda: quantize_model(model, 4, 32, symmetric=False)}[name]()
+    rounded = dequantize_model(q)
+    return (quantize_activations(rounded) if "activations" in name else rounded), model_weight_bytes(q)
+
+
+def compare_formats(model: "Model", names: Sequence[str] = FORMATS, n_tokens: int = EVAL_TOKENS) -> dict[str, Comparison]:
+    """compare_to_fp32 for each format, on the shipped text's first n_tokens tokens (weight_bytes: the format's)."""
+    text, out = model.tokenizer.decode(eval_ids(model, n_tokens)), {}
+    for name in names:
+        changed, nbytes = variant(model, name)
+        out[name] = replace(compare_to_fp32(model, changed, text), weight_bytes=nbytes)
+    return out
+
+
+def kl_text(kl: float) -> str:
+    """A KL divergence for print: 2 significant digits, or '< 1e-6' where only float round-off is left."""
+    return "< 1e-6" if kl < 1e-6 else f"{kl:.2g}"     # 2 digits: the 4th changes with the CPU's float sums
+
+
+def q4_1_grid_error(model: "Model") -> float:
+    """Largest |w − int4 g32 asymmetric(w)| over every layer matrix: ~0 when the weights already sit on Q4_1's grid."""
+    errors = layer_weight_errors(model, quantize_model(model, 4, 32, symmetric=False))
+    return max(r["max_abs_error"] for r in errors)

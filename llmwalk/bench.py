@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .accuracy import eval_text
+from .accuracy import eval_ids
 from .generation import Generation, decoding_head, generate
 from .models import DEFAULT_MODEL, REGISTRY, Model, cache_dir, load_model
 from .prompts import PROMPT, SPECULATIVE_PROMPTS
@@ -30,12 +30,6 @@ from .speculative import (Draft, EarlyExitDraft, ModelDraft, PromptLookupDraft, 
                           speculative_generate)
 
 Run = Callable[[], tuple[float, list[float]]]    # () -> (seconds to the first token, seconds of each later token)
-
-
-def prompt_ids(model: Model, n: int) -> list[int]:
-    """Exactly n token ids of the shipped text, repeated as often as needed.  # -> [n]"""
-    one = model.tokenizer.encode(eval_text())
-    return (one * (n // len(one) + 1))[:n]
 
 
 def reset_peak_rss() -> bool:
@@ -205,7 +199,7 @@ def bench_generate(args: argparse.Namespace) -> None:
                           "process peak RSS so far (ru_maxrss; it only grows: runs go from short to long prompts)"))
     if llm is None:
         print(LLAMA_CPP_HINT)
-    warm = prompt_ids(model, 8)
+    warm = eval_ids(model, 8)
     warm_up(llmwalk_run(model, warm, 2, True, head), transformers_run(hf, warm, 2))
 
     header = (f"{'prompt':>6} | {'':22} {'TTFT s':>7} {'decode tok/s':>12} {'peak MB':>8} | "
@@ -213,7 +207,7 @@ def bench_generate(args: argparse.Namespace) -> None:
     print(header)
     print("-" * len(header))
     for n in sorted(args.prompt_lengths):
-        ids = prompt_ids(model, n)
+        ids = eval_ids(model, n)
         fast: dict[str, Run] = {"llmwalk cache +head": llmwalk_run(model, ids, args.new_tokens, True, head),
                                 "llmwalk cache": llmwalk_run(model, ids, args.new_tokens, True, None),
                                 "transformers (cache)": transformers_run(hf, ids, args.new_tokens)}
@@ -257,13 +251,13 @@ def bench_prefill(args: argparse.Namespace) -> None:
           "ratio: transformers' seconds / llmwalk's (above 1: llmwalk is faster).")
     contenders = {"llmwalk": lambda ids: llmwalk_run(model, ids, 1, True, head)()[0],
                   "transformers": lambda ids: transformers_run(hf, ids, 1)()[0]}
-    warm = prompt_ids(model, 8)
+    warm = eval_ids(model, 8)
     warm_up(*(partial(ttft, warm) for ttft in contenders.values()))
     header = f"{'prompt':>6} | {'llmwalk s':>9} {'transformers s':>14} | {'ratio':>6}"
     print(header)
     print("-" * len(header))
     for n in sorted(args.prompt_lengths):
-        ids = prompt_ids(model, n)
+        ids = eval_ids(model, n)
         seconds: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(args.repeats):
             for name, ttft in contenders.items():
@@ -281,7 +275,7 @@ def bench_quantization(args: argparse.Namespace) -> None:
                 "int8 layers + head": quantize_model(model, 8, embeddings=True),
                 "int4 g32 asym layers": quantize_model(model, 4, 32, symmetric=False),
                 "int4 g32 asym + head": quantize_model(model, 4, 32, symmetric=False, embeddings=True)}
-    ids = prompt_ids(model, args.prompt_length)
+    ids = eval_ids(model, args.prompt_length)
     runs = {name: llmwalk_run(m, ids, args.new_tokens, True, None) for name, m in variants.items()}
     runs["transformers fp32"] = transformers_run(load_transformers(args.model), ids, args.new_tokens)
     llm = load_llama_cpp(args.model, args.prompt_length + args.new_tokens)
@@ -677,7 +671,7 @@ def decode_profile(model: Model, context: int = 64, repeats: int = 15) -> Decode
     this machine's memory bandwidth (memory_bandwidth). Medians of `repeats` runs each."""
     from .kv_cache import KVCache
     from .walk import forward
-    ids = prompt_ids(model, context)
+    ids = eval_ids(model, context)
     step = pass_seconds(model, ids, cached=context - 1, repeats=repeats)
     matmuls = _median_seconds(_step_products(model), repeats)
     cache = KVCache.empty(model.config, context)

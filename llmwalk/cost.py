@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 from torch import Tensor
 
 from .checks import is_int
-from .kv_cache import KVCache, kv_cache_bytes
+from .kv_cache import KVCache
 from .walk import forward
 from .weights import Config
 
@@ -42,7 +42,7 @@ def gpt2_config(size: str = "small") -> Config:
     """The published GPT-2 architecture (no weights needed): small, medium, large or xl."""
     _choice("size", size, GPT2_SIZES)
     n_layer, d_model, n_head = GPT2_SIZES[size]
-    return _counted(Config(name=f"gpt2-{size}", family="gpt2", n_layer=n_layer, n_head=n_head, n_kv_head=n_head,
+    return _with_n_params(Config(name=f"gpt2-{size}", family="gpt2", n_layer=n_layer, n_head=n_head, n_kv_head=n_head,
                   d_model=d_model, d_head=d_model // n_head, d_ff=4 * d_model, vocab_size=50257,
                   context_length=1024, norm="layernorm", norm_eps=1e-5, position="learned", ffn="gelu",
                   tied_embeddings=True))
@@ -60,12 +60,12 @@ def gpt2_small(model: "Model | None" = None) -> Config:
 
 def llama7b_config() -> Config:
     """LLaMA-7B (Touvron et al. 2023): 32 layers, d_model 4096, 32 heads, d_ff 11008, vocab 32000, untied head."""
-    return _counted(Config(name="llama-7b", family="llama", n_layer=32, n_head=32, n_kv_head=32, d_model=4096, d_head=128,
+    return _with_n_params(Config(name="llama-7b", family="llama", n_layer=32, n_head=32, n_kv_head=32, d_model=4096, d_head=128,
                   d_ff=11008, vocab_size=32000, context_length=2048, norm="rmsnorm", norm_eps=1e-6,
                   position="rope", ffn="swiglu", tied_embeddings=False))
 
 
-def _counted(config: Config) -> Config:
+def _with_n_params(config: Config) -> Config:
     """The config with n_params filled in from the architecture."""
     return replace(config, n_params=n_params(config))
 
@@ -205,6 +205,34 @@ def measured_flops(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache |
     return counted(lambda: forward(model, ids, cache=cache, record=True, last_only=last_only))[0]
 
 
+def _prefilled(model: "Model", ids: Sequence[int]) -> KVCache:
+    """A KV cache holding every position of `ids` but the last: one round of generation is left to run."""
+    cache = KVCache.empty(model.config, len(ids))
+    forward(model, list(ids)[:-1], cache, record=False, last_only=True)
+    return cache
+
+
+def decode_step_measured(model: "Model", ids: Sequence[int]) -> int:
+    """FLOPs torch counts for the last of `ids`, the ones before it in the KV cache (one round of generation)."""
+    return measured_flops(model, list(ids)[-1:], _prefilled(model, ids), last_only=True)
+
+
+def kv_cache_check(model: "Model", ids: Sequence[int]) -> dict:
+    """The last of `ids`, with the others' keys and values cached vs all recomputed.
+
+    Returns the FLOPs torch counts each way, the largest logit difference, whether the next token is the same,
+    and the bytes the cache holds.
+    """
+    ids = list(ids)
+    cache = _prefilled(model, ids)
+    # record=True: the readable path, whose products torch's counter sees (measured_flops)
+    cached, a = counted(lambda: forward(model, ids[-1:], cache, last_only=True).logits[-1])
+    full, b = counted(lambda: forward(model, ids, last_only=True).logits[-1])
+    return {"context": len(ids), "flops_cached": cached, "flops_recomputed": full,
+            "max_logit_diff": float((a - b).abs().max()), "same_token": int(a.argmax()) == int(b.argmax()),
+            "cache_bytes": cache.nbytes()}
+
+
 # ---------------------------------------------------------------- memory
 
 def weight_bytes(config: "Config | Model", dtype: str = "fp32", group_size: int | None = None,
@@ -226,13 +254,3 @@ def weight_bytes(config: "Config | Model", dtype: str = "fp32", group_size: int 
     quantized = sum(i * o * BITS[dtype] // 8 + (i // (group_size or i)) * o * (scale_bytes + zero_bytes)
                     for i, o in mats)
     return quantized + 4 * (n_params(config) - sum(i * o for i, o in mats))
-
-
-def memory_bytes(config: Config, context: int, weight_dtype: str = "fp32", kv_dtype: str = "fp32",
-                 group_size: int | None = None) -> dict[str, int]:
-    """Weights plus the KV cache of `context` positions: what generation must hold in memory."""
-    _count("context", context)
-    _choice("kv_dtype", kv_dtype, BITS)
-    kv = kv_cache_bytes(config, context, 1) * BITS[kv_dtype] // 8
-    weights = weight_bytes(config, weight_dtype, group_size)
-    return {"weights": weights, "kv_cache": kv, "total": weights + kv}

@@ -1,8 +1,16 @@
 """Section 三: tokens become vectors, and the vectors learn where they stand."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from .sampling import rank_of
+
+if TYPE_CHECKING:
+    from .models import Model
 
 
 def token_embedding(ids: Tensor, token_embd: Tensor, scale: float = 1.0) -> Tensor:
@@ -29,3 +37,30 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)     # the angles are computed in fp32; follow bf16 weights
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
+
+
+# ---------------------------------------------------------------- which rows of the table are alike
+
+def cosine_to_all(table: Tensor, row: int) -> Tensor:
+    """Cosine similarity between one row of the embedding table and every row.  # [vocab, d] -> [vocab]"""
+    table = table.float()
+    return F.cosine_similarity(table, table[row][None], dim=-1)
+
+
+def _others(model: "Model", word: str) -> Tensor:
+    """cosine_to_all for `word`'s row, with the word itself pushed below every other row.  # -> [vocab]"""
+    i = model.tokenizer.token_id(word)
+    sims = cosine_to_all(model.weights.token_embd, i)
+    sims[i] = -2.0
+    return sims
+
+
+def neighbours(model: "Model", word: str, k: int = 8) -> list[tuple[str, float]]:
+    """The k rows of the token embedding table closest (by cosine) to `word`'s row, the word itself left out."""
+    top = _others(model, word).topk(k)
+    return [(model.tokenizer.pieces([j])[0], float(s)) for s, j in zip(top.values, top.indices.tolist())]
+
+
+def neighbour_rank(model: "Model", word: str, other: str) -> int:
+    """Where `other` ranks among `word`'s neighbours in the embedding table (1 = the closest row)."""
+    return int(rank_of(_others(model, word), model.tokenizer.token_id(other)))

@@ -360,7 +360,7 @@ def quantize_activations(model: "Model") -> "Model":
 
 
 def format_label(name: str) -> str:
-    """A format's name (one of analysis.FORMATS) as a table shows it, in the current language."""
+    """A format's name (one of accuracy.FORMATS) as a table shows it, in the current language."""
     return {"bf16": t("quantize.format.bf16"), "int8": t("quantize.format.int8"),
             "int4 g32 symmetric": t("quantize.format.int4_g32_symmetric"),
             "int4 g32 asymmetric": t("quantize.format.int4_g32_asymmetric"),

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import llmwalk as lw
-from llmwalk import analysis
+from llmwalk import accuracy
 from llmwalk import cost
 from llmwalk.claims import cost as c8
 from llmwalk.quantize import dequantize_model, map_linears, quantize_activations, quantize_model
@@ -75,7 +75,7 @@ def test_times_three_rule_row(rows, smollm2):
     c = smollm2.config
     weights = c.n_layer * sum(i * o for i, o in cost.block_matrices(c).values()) + c.vocab_size * c.d_model
     attention = 2 * 2 * c.n_layer * c.n_head * c.d_head * 9
-    assert analysis.decode_step_measured(smollm2, c8.prompt_ids(smollm2)) == 2 * weights + attention
+    assert cost.decode_step_measured(smollm2, c8.prompt_ids(smollm2)) == 2 * weights + attention
     assert number(r"counted by torch as it runs: ([\d.]+) M", claim.measured) == pytest.approx((2 * weights + attention) / 1e6, rel=1e-3)
     assert 1.9 < real / cost.n_params(cost.gpt2_config()) < 2.1          # the real rule: ≈ 2 × parameters
     assert claim.verdict == "≈ roughly"               # 360 M vs 247.5 M: within a factor of 2, not within 10 %
@@ -121,7 +121,7 @@ def test_llama_row(rows):
 
 
 def test_kv_cache_row(rows, smollm2):
-    kv = analysis.kv_cache_check(smollm2, c8.prompt_ids(smollm2, 59))
+    kv = cost.kv_cache_check(smollm2, c8.prompt_ids(smollm2, 59))
     c = smollm2.config
     assert kv["flops_cached"] == cost.matmul_flops(cost.decode_step_flops(c, 59))
     assert kv["flops_recomputed"] == cost.matmul_flops(cost.flops_by_stage(c, 59, last_only=True))
@@ -137,7 +137,7 @@ def test_kv_cache_row(rows, smollm2):
 def eval_logits(smollm2):
     """fp32 and int8 log-probabilities on the first 256 tokens of the shipped text, computed here (the int8 weights
     multiplied in fp32, as the claims table does, so that it measures the format's rounding alone)."""
-    ids = analysis.eval_ids(smollm2, 256)
+    ids = accuracy.eval_ids(smollm2, 256)
     fp32 = torch.log_softmax(lw.forward(smollm2, ids, record=False).logits, -1)
     int8 = torch.log_softmax(lw.forward(dequantize_model(quantize_model(smollm2, 8)), ids, record=False).logits, -1)
     return ids, fp32, int8
@@ -189,7 +189,7 @@ def test_int4_row_on_weights_off_the_grid(smollm2):
 
 def test_q4_1_grid_error_is_float_round_off(smollm2):
     # the loaded weights are the GGUF's d·q + m: quantizing them asymmetrically in groups of 32 finds the same grid
-    err = analysis.q4_1_grid_error(smollm2)
+    err = accuracy.q4_1_grid_error(smollm2)
     assert err < c8.SAME_WEIGHT
     w = smollm2.weights.blocks[3].ffn_up.weight
     redone = lw.quantize.dequantize_tensor(lw.quantize.quantize_tensor(w, 4, 32, symmetric=False))
@@ -270,7 +270,7 @@ def predicted_passes(draft, plain, k: int) -> int:
 def test_speculative_verdict_follows_the_runs(smollm2):
     spec, plain = c8.speculative_run(smollm2, "no copy", max_new_tokens=8)
     slow = {"repeat": (spec, plain), "no copy": (spec, plain), "int8 draft": (spec, plain)}
-    assert analysis.passes_per_token(spec) > 0.5
+    assert c8.passes_per_token(spec) > 0.5
     assert c8._speculative_claim(smollm2, slow).verdict is Verdict.DIFFERS       # same text, no fewer passes
     wrong = dataclasses.replace(plain, new_ids=plain.new_ids[:-1] + [plain.new_ids[-1] + 1])
     assert c8._speculative_claim(smollm2, {**slow, "repeat": (spec, wrong)}).verdict is Verdict.DIFFERS

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import llmwalk as lw
-from llmwalk import analysis
 from llmwalk import cost
 from llmwalk.claims import autoregressive, embedding, journey as J, layers, lm_head, sampling, tokenization
 from llmwalk.claims import cost as cost_claims
@@ -126,7 +125,7 @@ def test_one_second_claims(smollm2):
     j = lw.journey(smollm2, "The capital of France is", max_new_tokens=3)
     n = len(j.seconds)                                       # tokenize, embedding, 30 layers, norm, head, ...
     fast = timed(j, 0.001, [0.2, 0.1, 0.3])
-    t = analysis.timings(fast)
+    t = J.timings(fast)
     assert t == pytest.approx({"first_token": n * 0.001, "answer_first_token": 0.2, "per_token": 0.2,
                                "answer": 0.6, "tokens": 3})
     when, first = J.one_second_claims(smollm2, fast)
@@ -162,7 +161,7 @@ def test_first_word_claims_are_notebook_01s_and_deterministic(smollm2, hf_smollm
 
 def test_first_word_round(smollm2):
     g = lw.generate(smollm2, "The capital of France is", max_new_tokens=2)
-    assert analysis.first_word_round(smollm2, g, "Paris") == 1 and analysis.first_word_round(smollm2, g, "巴") is None
+    assert J.first_word_round(smollm2, g, "Paris") == 1 and J.first_word_round(smollm2, g, "巴") is None
 
 
 # ---------------------------------------------------------------- the full table

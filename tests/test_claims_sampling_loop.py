@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import llmwalk as lw
-from llmwalk import analysis
+from llmwalk import sampling
 from llmwalk import cost
 from llmwalk.claims import autoregressive as ar
 from llmwalk.claims import sampling as sm
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 @pytest.fixture(scope="module")
 def runs(smollm2):
-    return analysis.temperature_study(smollm2, sm.CHAT_PROMPT, temperatures=sm.TEMPERATURES, seeds=sm.SEEDS,
+    return sm.temperature_study(smollm2, sm.CHAT_PROMPT, temperatures=sm.TEMPERATURES, seeds=sm.SEEDS,
                                       max_new_tokens=sm.STUDY_TOKENS)
 
 
@@ -89,7 +89,7 @@ def test_find_loop_equals_brute_force(min_repeats):
         head = [rng.randrange(4) for _ in range(rng.randrange(0, 8))]
         period = [rng.randrange(4) for _ in range(rng.randrange(1, 5))]
         ids = head + period * rng.randrange(0, 6) + period[:rng.randrange(len(period) + 1)]
-        found = analysis.find_loop(ids, min_repeats)
+        found = sm.find_loop(ids, min_repeats)
         expected = brute_loop(ids, min_repeats)
         assert (None if found is None else (found.start, found.period)) == expected, ids
         if found:
@@ -98,32 +98,34 @@ def test_find_loop_equals_brute_force(min_repeats):
 
 
 def test_find_loop_examples():
-    assert analysis.find_loop([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]) == analysis.Loop(1, 3, 10 / 3, (1, 2, 3))
-    assert analysis.find_loop([1, 2, 3, 4, 5, 6]) is None
-    assert analysis.find_loop([]) is None
+    assert sm.find_loop([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]) == sm.Repetition(1, 3, 10 / 3, (1, 2, 3))
+    assert sm.find_loop([1, 2, 3, 4, 5, 6]) is None
+    assert sm.find_loop([]) is None
 
 
 def test_distinct_n():
-    assert analysis.distinct_n([[1, 2, 3], [1, 2, 3]], 2) == 0.5
-    assert analysis.distinct_n([[1, 2, 3, 4]], 2) == 1.0
-    assert analysis.distinct_n([[1, 1, 1, 1]], 1) == 0.25
-    assert math.isnan(analysis.distinct_n([[1]], 2))
+    assert sm.distinct_n([[1, 2, 3], [1, 2, 3]], 2) == 0.5
+    assert sm.distinct_n([[1, 2, 3, 4]], 2) == 1.0
+    assert sm.distinct_n([[1, 1, 1, 1]], 1) == 0.25
+    assert math.isnan(sm.distinct_n([[1]], 2))
 
 
-def test_token_logprobs_equal_the_sampled_probabilities(smollm2):
-    # At T = 1 with no cuts, generate's Step.prob is the plain model's probability of the drawn token.
+def test_token_nll_of_an_answer_equals_the_sampled_probabilities(smollm2):
+    # At T = 1 with no cuts, generate's Step.prob is the plain model's probability of the drawn token: what
+    # temperature_study reads from accuracy.token_nll over prompt + answer.
+    from llmwalk.accuracy import log_probs, token_nll
     g = generate(smollm2, "Once upon a time", 8, temperature=1.0, seed=3, stop_at_eos=False)
-    lp = analysis.token_logprobs(smollm2, g.prompt_ids, g.new_ids)
+    lp = -token_nll(log_probs(smollm2, g.ids), g.ids)[len(g.prompt_ids) - 1:]
     assert lp.exp().tolist() == pytest.approx([s.prob for s in g.steps], rel=1e-4)
 
 
 def test_entropy_and_kept_against_numpy(smollm2):
-    logits = analysis.next_token_logits(smollm2, sm.WIDE)
+    logits = sm.next_token_logits(smollm2, sm.WIDE)
     for t in (0.5, 1.0, 2.0):
         p = np_probs(logits / t)
-        assert analysis.entropy(logits, t) == pytest.approx(float(-(p[p > 0] * np.log(p[p > 0])).sum()), rel=1e-4)
-    assert analysis.kept(logits, top_k=7) == 7
-    assert analysis.kept(logits) == int((np_probs(logits) > 0).sum())
+        assert sampling.entropy(lw.probs_after(logits, t)) == pytest.approx(float(-(p[p > 0] * np.log(p[p > 0])).sum()), rel=1e-4)
+    assert sampling.kept(logits, top_k=7) == 7
+    assert sampling.kept(logits) == int((np_probs(logits) > 0).sum())
 
 
 def test_library_defaults_mean_greedy():
@@ -140,7 +142,9 @@ def test_temperature_study_is_reproducible(smollm2, runs):
     r = runs[-1]                                   # the hottest run, regenerated independently
     g = generate(smollm2, sm.CHAT_PROMPT, sm.STUDY_TOKENS, temperature=r.temperature, seed=r.seed, chat=True)
     assert tuple(g.new_ids) == r.new_ids and g.text == r.text
-    assert r.mean_logprob == pytest.approx(float(analysis.token_logprobs(smollm2, g.prompt_ids, g.new_ids).mean()))
+    logits = lw.forward(smollm2, g.ids, record=False).logits[len(g.prompt_ids) - 1:-1]     # predicting each new token
+    nll = torch.nn.functional.cross_entropy(logits, torch.tensor(g.new_ids))
+    assert r.mean_logprob == pytest.approx(-float(nll), rel=1e-5)
 
 
 def test_greedy_rows(smollm2, runs, sampling_rows):
@@ -159,7 +163,7 @@ def test_greedy_rows(smollm2, runs, sampling_rows):
 
 
 def test_temperature_row(smollm2, sampling_rows):
-    logits = analysis.next_token_logits(smollm2, sm.NARROW)
+    logits = sm.next_token_logits(smollm2, sm.NARROW)
     h = []
     for t in (0.5, 1.0, 2.0):
         p = np_probs(logits / t)
@@ -172,7 +176,7 @@ def test_temperature_row(smollm2, sampling_rows):
 def test_chat_temperature_row(runs, sampling_rows):
     c = row(sampling_rows, "Chat usually")
     warm = [t for t in sm.TEMPERATURES if t > 0]
-    d2 = {t: analysis.distinct_n([r.new_ids for r in runs if r.temperature == t], 2) for t in sm.TEMPERATURES}
+    d2 = {t: sm.distinct_n([r.new_ids for r in runs if r.temperature == t], 2) for t in sm.TEMPERATURES}
     lp = {t: np.mean([r.mean_logprob for r in runs if r.temperature == t]) for t in sm.TEMPERATURES}
     assert {t: s["distinct_2"] for t, s in c.numbers["summary"].items()} == d2
     assert {t: s["mean_logprob"] for t, s in c.numbers["summary"].items()} == pytest.approx(lp)
@@ -187,7 +191,7 @@ def nucleus_size(logits, p):
 
 
 def test_top_k_and_top_p_rows(smollm2, sampling_rows):
-    narrow, wide = (analysis.next_token_logits(smollm2, t) for t in (sm.NARROW, sm.WIDE))
+    narrow, wide = (sm.next_token_logits(smollm2, t) for t in (sm.NARROW, sm.WIDE))
     sizes = [nucleus_size(x, sm.TOP_P) for x in (narrow, wide)]
     c = row(sampling_rows, "Top-P")
     assert c.numbers == {"kept": sizes, "minimal": True}
@@ -210,9 +214,9 @@ def test_default_row(sampling_rows):
 # ---------------------------------------------------------------- section 七: numbers and verdicts
 
 def test_recorded_passes_see_every_round(smollm2):
-    with analysis.recorded_passes() as rerun:
+    with ar.recorded_passes() as rerun:
         g = generate(smollm2, "Hello there", 5, kv_cache=False, stop_at_eos=False)
-    with analysis.recorded_passes() as cached:
+    with ar.recorded_passes() as cached:
         with pytest.raises(ValueError):
             generate(smollm2, "Hello there", 0)
         generate(smollm2, "Hello there", 5, stop_at_eos=False)
@@ -245,7 +249,7 @@ def test_first_rounds_equal_a_shorter_run(smollm2):
     long = generate(smollm2, ar.ENGLISH, 12, chat=True, stop_at_eos=False)
     for n in (3, 12):
         short = generate(smollm2, ar.ENGLISH, n, chat=True)
-        cut = analysis.first_rounds(smollm2, long, n)
+        cut = ar.first_rounds(smollm2, long, n)
         assert (cut.new_ids, cut.text, cut.stopped) == (short.new_ids, short.text, short.stopped)
         assert cut.steps == short.steps
 
@@ -304,3 +308,15 @@ def test_loop_rows_on_gemma(smollm2, gemma, hf_gemma):
     assert c.measured.startswith("Gemma-3-270M") and ar.answer_text(g) in c.measured
     assert c.verdict == ar.rounds_verdict(g)
     assert "巴黎" in g.text and c.verdict is Verdict.ROUGHLY   # 巴黎 comes out, but as one token, after 法国的首都是
+
+
+def test_find_loop_by_hand():
+    ids = [7, 8, 1, 2, 3, 1, 2, 3, 1, 2, 3, 1]                          # a 3-token loop from index 2, 10 tokens long
+    loop = sm.find_loop(ids)
+    assert (loop.start, loop.period, loop.ids) == (2, 3, (1, 2, 3)) and loop.repeats == pytest.approx(10 / 3)
+    assert sm.find_loop([5, 5, 5, 5]).period == 1                  # the shortest period wins
+    assert sm.find_loop([1, 2, 1, 2, 1], min_repeats=3) is None     # 2.5 periods only
+
+
+def test_distinct_n_of_a_repeated_bigram_by_hand():
+    assert sm.distinct_n([[1, 1, 1, 2]], 2) == pytest.approx(2 / 3)

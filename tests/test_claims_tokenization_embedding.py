@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import llmwalk as lw
-from llmwalk import analysis
+from llmwalk import embedding as lw_embedding
 from llmwalk.claims import embedding, tokenization
 from llmwalk.report import Verdict
 from markers import needs_gemma
@@ -137,12 +137,12 @@ def test_neighbours_equal_torch_cosine(smollm2, emb_rows):
         assert emb_rows[1].numbers["ranks"][(word, other)] == rank
         assert rank <= embedding.NEAR
     top = F.cosine_similarity(table, table[tok.encode(" Paris")[0]][None], dim=-1).topk(4).indices.tolist()[1:]
-    assert [p for p, _ in analysis.neighbours(smollm2, " Paris", 3)] == tok.pieces(top)
+    assert [p for p, _ in lw_embedding.neighbours(smollm2, " Paris", 3)] == tok.pieces(top)
     assert emb_rows[1].verdict is Verdict.HOLDS
 
 
 def test_order_check_matches_forward(smollm2):
-    o = analysis.order_check(smollm2, "人咬狗", "狗咬人")
+    o = embedding.order_check(smollm2, "人咬狗", "狗咬人")
     ta, tb = lw.forward(smollm2, smollm2.tokenizer.encode("人咬狗")), lw.forward(smollm2, smollm2.tokenizer.encode("狗咬人"))
     assert sorted(ta.ids.tolist()) == sorted(tb.ids.tolist()) and o["same_token_vectors"]
     pa, pb = ta.ids.argsort(stable=True), tb.ids.argsort(stable=True)
@@ -156,7 +156,7 @@ def test_order_check_matches_forward(smollm2):
 
 
 def test_position_rows(emb_rows, smollm2):
-    o = analysis.order_check(smollm2, "人咬狗", "狗咬人")
+    o = embedding.order_check(smollm2, "人咬狗", "狗咬人")
     assert emb_rows[2].verdict is Verdict.HOLDS
     assert emb_rows[3].verdict is Verdict.ROUGHLY                          # the causal mask tells orders apart
     assert emb_rows[3].numbers["gap_causal_mask_only"] == pytest.approx(o["gap_causal_mask_only"], rel=1e-4)
@@ -165,7 +165,7 @@ def test_position_rows(emb_rows, smollm2):
 
 
 def test_rope_depends_on_relative_position_only():
-    r = analysis.rope_relative_check(64, 10000.0)
+    r = embedding.rope_relative_check(64, 10000.0)
     assert r["spread"] < 1e-3
     assert abs(r["other_score"] - r["scores"][0]) > 0.01
     assert abs(r["unrotated"] - r["scores"][0]) > 0.01            # position 3 vs 1 is not position 0 vs 0
@@ -197,3 +197,19 @@ def test_verdicts_follow_a_random_gpt2(random_gpt2):
     assert rows[2].verdict is Verdict.HOLDS                # token vectors carry no position, learned or not
     assert rows[4].numbers["position_added"] is True         # x0 = token vector + position vector, checked
     assert "[64, 64]" in rows[4].measured and rows[4].verdict is Verdict.HOLDS
+
+
+def test_cosine_to_all_equals_torch():
+    table = torch.randn(50, 8, generator=torch.Generator().manual_seed(1))
+    ref = torch.stack([F.cosine_similarity(table[7], row, dim=0) for row in table])   # one pair at a time
+    assert torch.allclose(lw_embedding.cosine_to_all(table, 7), ref, atol=1e-6)
+
+
+def test_neighbour_rank_is_the_place_in_the_sorted_neighbours(smollm2):
+    near = [p for p, _ in lw_embedding.neighbours(smollm2, " Paris", 5)]
+    assert [lw_embedding.neighbour_rank(smollm2, " Paris", p) for p in near] == [1, 2, 3, 4, 5]
+
+
+def test_same_rows_ignores_order_only():
+    a = torch.arange(12.0).reshape(4, 3)
+    assert embedding.same_rows(a, a[[2, 0, 3, 1]]) and not embedding.same_rows(a, a[[0, 0, 1, 2]])

@@ -6,7 +6,7 @@ import pytest
 import llmwalk as lw
 from llmwalk.cost import (article_estimate, decode_step_flops, embedding_lookups, flops_by_stage,
                           generation_flops, gpt2_config, gpt2_small, llama7b_config, matmul_flops, measured_flops,
-                          memory_bytes, n_params, round_flops, weight_bytes)
+                          n_params, round_flops, weight_bytes)
 
 # A GPT-2-shaped toy: 2 layers, d_model 4, 2 heads of 2, d_ff 8, vocab 10, 6 positions.
 TINY = dataclasses.replace(gpt2_config(), name="tiny", n_layer=2, d_model=4, n_head=2, n_kv_head=2, d_head=2,
@@ -124,13 +124,6 @@ def test_weight_bytes_per_dtype():
     assert weight_bytes(llama, "int8") == mats + 32 * (5 * 4096 + 2 * 11008) * 2 + 4 * (6_738_415_616 - mats)
 
 
-def test_memory_with_kv_cache(smollm2):
-    mem = memory_bytes(smollm2.config, 8192)
-    assert mem["kv_cache"] == 2 * 30 * 3 * 64 * 8192 * 4 == lw.kv_cache_bytes(smollm2.config, 8192)
-    assert mem["weights"] == 4 * lw.count_params(smollm2.weights)
-    assert memory_bytes(smollm2.config, 8192, kv_dtype="int8")["kv_cache"] == mem["kv_cache"] // 4
-
-
 def test_gpt2_small_is_recognised_by_shape_not_by_family():
     class Loaded:                                                     # a model object: only .config is read
         def __init__(self, config):
@@ -151,3 +144,18 @@ def test_round_flops_rounds_and_total(smollm2):
     # without: the whole prefix every round, so the first rounds agree and later ones grow
     assert rerun[0] == cached[0] and rerun[1] > cached[1] and rerun[2] > rerun[1]
     assert generation_flops(c, 9, 3) == sum(cached) and generation_flops(c, 9, 0) == 0
+
+
+def test_kv_cache_check_counts_what_the_formulas_count(smollm2):
+    """torch's FLOP counter on one cached round and on the whole sequence recomputed: cost.py's matrix products
+    (a fused attention kernel the counter cannot see would come out short here)."""
+    from llmwalk.cost import decode_step_flops, decode_step_measured, flops_by_stage, kv_cache_check, matmul_flops
+    from llmwalk.kv_cache import kv_cache_bytes
+    config, ids = smollm2.config, smollm2.tokenizer.encode("The capital of France is Paris. The capital of Italy is")
+    r = kv_cache_check(smollm2, ids)
+    assert r["flops_cached"] == pytest.approx(matmul_flops(decode_step_flops(config, len(ids))), rel=1e-3)
+    assert r["flops_cached"] == decode_step_measured(smollm2, ids)
+    assert r["flops_recomputed"] == pytest.approx(matmul_flops(flops_by_stage(config, len(ids), last_only=True)),
+                                                  rel=1e-3)
+    assert r["same_token"] and r["max_logit_diff"] < 1e-3
+    assert r["cache_bytes"] == kv_cache_bytes(config, len(ids))

@@ -8,7 +8,7 @@ from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 import llmwalk as lw
-from llmwalk import analysis
+from llmwalk.claims import embedding
 from llmwalk.exercises import check, solutions
 
 
@@ -79,7 +79,7 @@ def test_a_missing_rotation_passes_position_0_but_not_the_exercise():
 
 
 def test_position_alone_tells_the_orders_apart(smollm2):
-    o = analysis.order_check(smollm2, "人咬狗", "狗咬人")
+    o = embedding.order_check(smollm2, "人咬狗", "狗咬人")
     assert o["gap_no_mask_no_position"] < 1e-5 < 1e-3 < o["gap_position_only"]
     assert o["gap_position_only"] == pytest.approx(max(o["token_gaps"]["position_only"]))
 
@@ -87,7 +87,7 @@ def test_position_alone_tells_the_orders_apart(smollm2):
 def test_the_mask_cannot_tell_a_token_that_sees_the_same_tokens_but_rope_can(smollm2):
     """The final "." sees the same five tokens in both sentences: under the mask alone its output is a weighted sum
     over the same set (order-blind); with RoPE it is not."""
-    o = analysis.order_check(smollm2, "The dog bites the man.", "The man bites the dog.")
+    o = embedding.order_check(smollm2, "The dog bites the man.", "The man bites the dog.")
     gaps = o["token_gaps"]
     assert gaps["causal_mask_only"][-1] < 1e-5 and gaps["no_mask_no_position"][-1] < 1e-5
     assert gaps["mask_and_position"][-1] > 1e-3 and gaps["position_only"][-1] > 1e-3
@@ -98,7 +98,7 @@ def test_the_mask_cannot_tell_a_token_that_sees_the_same_tokens_but_rope_can(smo
 def test_token_gaps_match_the_forward_pass(smollm2):
     """The real model's set-up (mask and RoPE), token by token, against layer 0 of two forward passes."""
     a_text, b_text = "人咬狗", "狗咬人"
-    o = analysis.order_check(smollm2, a_text, b_text)
+    o = embedding.order_check(smollm2, a_text, b_text)
     ta, tb = lw.forward(smollm2, smollm2.tokenizer.encode(a_text)), lw.forward(smollm2, smollm2.tokenizer.encode(b_text))
     a, b = ta.layers[0].attn.out, tb.layers[0].attn.out
     ids_b = tb.ids.tolist()

@@ -20,7 +20,7 @@ from matplotlib.patches import FancyBboxPatch  # noqa: E402
 import llmwalk as lw  # noqa: E402
 import llmwalk.viz as viz  # noqa: E402
 from llmwalk.accuracy import perplexity  # noqa: E402
-from llmwalk.cost import (flops_by_stage, generation_flops, gpt2_config, memory_bytes, n_params,  # noqa: E402
+from llmwalk.cost import (flops_by_stage, generation_flops, gpt2_config, n_params,  # noqa: E402
                           weight_bytes)
 from llmwalk.i18n import t  # noqa: E402
 from llmwalk.quantize import LINEARS, quantize_model, quantize_tensor  # noqa: E402
@@ -225,7 +225,7 @@ def test_perplexity_refuses_texts_with_nothing_to_predict(model, text, chunk, ma
 def test_counts_refuse_negative_token_numbers_and_unknown_names(model):
     cfg = model.config
     for call, match in ((lambda: flops_by_stage(cfg, -5), "tokens must be an int >= 1"),
-                        (lambda: memory_bytes(cfg, -1), "context must be an int >= 0"),
+                        (lambda: lw.cost.decode_step_flops(cfg, 0), "context must be an int >= 1"),
                         (lambda: generation_flops(cfg, 5, -3), "new_tokens must be an int >= 0"),
                         (lambda: weight_bytes(cfg, "int3"), "dtype must be one of 'fp32'"),
                         (lambda: gpt2_config("huge"), "size must be one of 'small'")):

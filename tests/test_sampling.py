@@ -11,6 +11,9 @@ from transformers.generation.logits_process import (
 )
 
 from llmwalk.sampling import (
+    entropy,
+    kept,
+    rank_of,
     Sampler,
     apply_temperature,
     greedy,
@@ -77,6 +80,21 @@ def test_filters_match_transformers_warpers(kind, vocab):
         # A 1-D vector is filtered exactly like the same row inside a batch.
         assert_same(top_p_filter(x[0], p), top_p_filter(x, p)[0])
         assert_same(top_k_filter(x[0], k), top_k_filter(x, k)[0])
+
+
+def test_top_p_textbook_form_matches_transformers_on_many_rows():
+    """top_p_filter keeps a token while the mass ranked above it is < p; transformers cuts the ascending tail whose
+    mass is <= 1 - p. The same set in exact arithmetic: checked bit for bit where float sums could part them — wide
+    vocabularies, p anywhere in (0, 1), and rows where the crossing token's cumulative mass sits within round-off of p."""
+    g = torch.Generator().manual_seed(7)
+    for _ in range(300):
+        x = torch.randn(8, 1000, generator=g) * float(torch.empty(()).uniform_(0.3, 5, generator=g))
+        p = float(torch.rand((), generator=g)) * 0.999 + 1e-3
+        assert_same(top_p_filter(x, p), TopPLogitsWarper(p)(None, x))
+    # p exactly at a cumulative mass: 4 tied tokens of 1/4 and p = 1/2, 1/4, 3/4
+    x = torch.zeros(4)
+    for p in (0.25, 0.5, 0.75):
+        assert_same(top_p_filter(x, p), TopPLogitsWarper(p)(None, x[None])[0])
 
 
 @combos
@@ -265,3 +283,31 @@ def test_surgery(seed, top_k, top_p):
 def test_tiny_temperature_that_overflows_names_greedy():
     with pytest.raises(ValueError, match="temperature=0"):
         sample(torch.tensor([1.0, 2.0, 3.0]), temperature=1e-300, generator=torch.Generator().manual_seed(0))
+
+
+# ---------------------------------------------------------------- measurements on a distribution
+
+def test_entropy_equals_torch_categorical():
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0)) * 3
+    for t in (0.5, 1.0, 2.0):
+        ref = float(torch.distributions.Categorical(logits=logits.double() / t).entropy())
+        assert entropy(probs_after(logits, t)) == pytest.approx(ref, rel=1e-6)
+    assert entropy(torch.tensor([1.0, 0.0, 0.0])) == pytest.approx(0.0, abs=1e-9)          # one sure token
+    assert entropy(torch.full((8,), 1 / 8)) == pytest.approx(torch.log(torch.tensor(8.0)).item())
+
+
+def test_rank_of_equals_a_sort_by_hand():
+    probs = torch.tensor([0.1, 0.4, 0.05, 0.3, 0.15])
+    order = sorted(range(5), key=lambda i: -float(probs[i]))            # [1, 3, 4, 0, 2]
+    assert [int(rank_of(probs, i)) for i in range(5)] == [order.index(i) + 1 for i in range(5)]
+    rows = torch.stack([probs, probs.flip(0)])                          # one rank per row
+    assert rank_of(rows, 1).tolist() == [1, 2]
+    assert int(rank_of(torch.tensor([0.3, 0.3, 0.4]), 1)) == 2          # a tie shares the better rank
+
+
+def test_kept_counts_the_tokens_left_after_each_cut():
+    logits = torch.log(torch.tensor([0.5, 0.25, 0.15, 0.1]))
+    assert kept(logits) == 4
+    assert kept(logits, top_k=2) == 2
+    assert kept(logits, top_p=0.7) == 2                          # 0.5 + 0.25 reaches 0.7
+    assert kept(logits, min_p=0.25) == 3                         # ≥ 0.25 × 0.5

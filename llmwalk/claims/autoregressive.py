@@ -6,11 +6,11 @@ matrix-product counts agree with torch's own FLOP counter (checked here on the l
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .. import cost, prompts
-from ..analysis import Pass, first_rounds, recorded_passes
-from ..generation import Generation, decoding_head, generate
+from ..generation import Generation, Pass, cut_at_eos, decoding_head, generate, watching
 from ..i18n import t
 from . import listed, named, yes
 from ..kv_cache import KVCache
@@ -26,6 +26,27 @@ ENGLISH = prompts.ENGLISH_QUESTION           # SmolLM2 answers this one in one s
 ARTICLE_ROUNDS = ("巴", "黎", "。", "[EOS]")
 ROUNDS = 16                                  # rounds shown for the Chinese question
 N = 50                                       # the article's "generating 50 tokens"
+
+
+# ---------------------------------------------------------------- measurements
+
+@contextmanager
+def recorded_passes() -> Iterator[list[Pass]]:
+    """Record every forward pass generate() makes while the block runs (through generation.watching).
+
+        with recorded_passes() as passes:
+            generate(model, "Hello", 5, kv_cache=False)
+        [len(p.ids) for p in passes]        # the tokens each round ran through the model
+    """
+    passes: list[Pass] = []
+    with watching(passes.append):
+        yield passes
+
+
+def first_rounds(model: "Model", g: Generation, n: int) -> Generation:
+    """What generate(..., n) would have returned: the first n rounds of a longer run, up to an end token."""
+    ids, text, stopped = cut_at_eos(model, [s.token_id for s in g.steps[:n]], model.eos_ids)
+    return Generation(g.prompt_ids, ids, text, g.steps[:len(ids)], stopped)
 
 
 def answer_text(g: Generation) -> str:

@@ -11,13 +11,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import cost, prompts
-from ..accuracy import Comparison
-from ..analysis import (accuracy, decode_step_measured, eval_ids, kl_text, kv_cache_check, passes_per_token,
-                        q4_1_grid_error, rank_of)
+from ..accuracy import Comparison, compare_formats, eval_ids, kl_text, q4_1_grid_error
 from ..generation import Generation, generate
 from ..i18n import t
-from . import yes
+from . import billions, yes
 from ..report import Claim, Table, Verdict, table
+from ..sampling import rank_of
 from ..quantize import dequantize_model, quantize_model
 from ..speculative import Draft, ModelDraft, PromptLookupDraft, SpeculativeResult, speculative_generate
 from ..walk import forward
@@ -46,7 +45,8 @@ LAYER_NORMS = ("attn_norm", "ffn_norm", "post_attention_norm", "post_ffw_norm") 
 # ---------------------------------------------------------------- helpers the notebook uses too
 
 def prompt_ids(model: "Model", n: int | None = None) -> list[int]:
-    """The article-sized prompt (PROMPT, 9 tokens) when n is None, else the first n tokens of the shipped text."""
+    """The article-sized prompt (PROMPT, 9 tokens) when n is None, else the shipped text's first n tokens
+    (accuracy.eval_ids)."""
     return model.tokenizer.encode(PROMPT) if n is None else eval_ids(model, n)
 
 
@@ -127,18 +127,19 @@ def speculative_runs(model: "Model") -> dict[str, tuple[SpeculativeResult, Gener
             "int8 draft": speculative_run(model, "no copy", int8)}
 
 
+def passes_per_token(spec: SpeculativeResult) -> float:
+    """Target forward passes per generated token (1 + 1/n for plain decoding with a prefill)."""
+    return spec.target_forward_passes / len(spec.new_ids)
+
+
 # ---------------------------------------------------------------- the claims
 
 def _m(x: float) -> str:
-    return f"{x / 1e6:.4g} M" if x < 1e9 else _b(x)
+    return f"{x / 1e6:.4g} M" if x < 1e9 else billions(x)
 
 
 def _sci(x: float) -> str:
     return f"{x:.2g}".replace("e-0", "e-")
-
-
-def _b(x: float) -> str:
-    return f"{x / 1e9:.4g} B"
 
 
 def _architecture_claim(gpt2: Config, model: "Model") -> Claim:
@@ -169,8 +170,8 @@ def _answer_claim(gpt2: Config) -> Claim:
     est = cost.article_estimate(gpt2, PROMPT_LEN, NEW_TOKENS)
     real, none = est["flops_answer_kv_cache"], est["flops_answer_no_cache"]
     return Claim(SECTION, t("claims.cost.answer.article", n=NEW_TOKENS),
-                 t("claims.cost.answer.measured", prompt=PROMPT_LEN, n=NEW_TOKENS, cached=_b(real),
-                   rule=_b(est["article_flops_answer"]), params=f"{cost.n_params(gpt2) / 1e6:.1f}", rerun=_b(none),
+                 t("claims.cost.answer.measured", prompt=PROMPT_LEN, n=NEW_TOKENS, cached=billions(real),
+                   rule=billions(est["article_flops_answer"]), params=f"{cost.n_params(gpt2) / 1e6:.1f}", rerun=billions(none),
                    ratio=f"{none / ARTICLE_ANSWER_FLOPS:.3g}"),
                  Verdict.of_number(real, ARTICLE_ANSWER_FLOPS), numbers={"kv_cache": real, "no_cache": none},
                  said=ARTICLE_ANSWER_FLOPS, key="cost.answer")
@@ -194,7 +195,7 @@ def _llama_claim(gpt2: Config) -> Claim:
                 / sum(cost.decode_step_flops(gpt2, PROMPT_LEN).values()))
     return Claim(SECTION, t("claims.cost.llama.article", ratio=ARTICLE_LLAMA_RATIO),
                  t("claims.cost.llama.measured", n_layer=llama.n_layer, d_model=llama.d_model, d_ff=llama.d_ff,
-                   vocab=f"{llama.vocab_size:,}", params=_b(cost.n_params(llama)), by_params=f"{by_params:.4g}",
+                   vocab=f"{llama.vocab_size:,}", params=billions(cost.n_params(llama)), by_params=f"{by_params:.4g}",
                    prompt=PROMPT_LEN, by_flops=f"{by_flops:.4g}"),
                  Verdict.of_number(by_flops, ARTICLE_LLAMA_RATIO), numbers={"by_params": by_params, "by_flops": by_flops},
                  said=ARTICLE_LLAMA_RATIO, key="cost.llama")
@@ -233,7 +234,7 @@ ANSWER_PROMPT, ANSWER = prompts.PROMPT, prompts.ANSWER   # the series' running e
 def _answer_rank(model: "Model") -> int:
     """Where the model ranks ' Paris' after 'The capital of France is' (1: its answer)."""
     logits = forward(model, model.tokenizer.encode(ANSWER_PROMPT), record=False, last_only=True).logits[-1]
-    return rank_of(logits, model.tokenizer.token_id(ANSWER))
+    return int(rank_of(logits, model.tokenizer.token_id(ANSWER)))
 
 
 def _int4_claim(model: "Model", asym: Comparison, sym: Comparison, grid_error: float, answer_rank: int) -> Claim:
@@ -281,20 +282,20 @@ def claims(model: "Model", comparisons: dict[str, Comparison] | None = None,
            runs: dict[str, tuple[SpeculativeResult, Generation]] | None = None) -> list[Claim]:
     """Section 八, measured on `model` (SmolLM2) and on GPT-2 small's and LLaMA-7B's architectures.
 
-    comparisons: accuracy(model, ...) with at least 'int8' and 'int4 g32 symmetric';
+    comparisons: compare_formats(model, ...) with at least 'int8' and 'int4 g32 symmetric';
     runs: speculative_runs(model) — notebook 08 passes its own.
     """
     gpt2 = cost.gpt2_small(model)
     if comparisons is None:
-        comparisons = accuracy(model, ("int8", "int4 g32 symmetric", "int4 g32 asymmetric"))
+        comparisons = compare_formats(model, ("int8", "int4 g32 symmetric", "int4 g32 asymmetric"))
     if runs is None:
         runs = speculative_runs(model)
     return [_architecture_claim(gpt2, model),
-            _rule_claim(gpt2, model, decode_step_measured(model, prompt_ids(model))),
+            _rule_claim(gpt2, model, cost.decode_step_measured(model, prompt_ids(model))),
             _answer_claim(gpt2),
             _structure_claim(gpt2, model),
             _llama_claim(gpt2),
-            _kv_claim(gpt2, model, kv_cache_check(model, prompt_ids(model, PROMPT_LEN + NEW_TOKENS))),
+            _kv_claim(gpt2, model, cost.kv_cache_check(model, prompt_ids(model, PROMPT_LEN + NEW_TOKENS))),
             _int8_claim(model, comparisons["int8"]),
             _int4_claim(model, comparisons["int4 g32 asymmetric"], comparisons["int4 g32 symmetric"],
                         q4_1_grid_error(model), _answer_rank(model)),

@@ -14,17 +14,15 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 
 from .. import cost, prompts
-from ..analysis import Pass, first_word_round, recorded_passes, timings
-from ..generation import Generation, generate
+from ..generation import Generation, Pass, generate
 from ..i18n import t
-from . import listed
+from . import billions, listed, yes
 from ..report import Claim, Table, Verdict, table
 from ..sampling import probs_after
 from ..tokens import gpt2_tokenizer
 from ..journey import journey as run_journey
 from ..walk import Trace, forward
-from .autoregressive import GEMMA_PROMPT, QUESTION
-from .cost import _b
+from .autoregressive import GEMMA_PROMPT, QUESTION, recorded_passes
 from .sampling import TOP_P
 from .tokenization import QUESTION_MARKED
 
@@ -44,6 +42,25 @@ QUESTION_TOKENS, GEMMA_ANSWER_TOKENS = 30, 6   # 30: notebook 01 runs to the end
 
 
 # ---------------------------------------------------------------- section 一: the one second
+
+def timings(j: "Journey") -> dict[str, float]:
+    """Wall-clock seconds of a journey: its recording pass stage by stage (j.seconds), and the answer loop's time to
+    the first token and per later token (Generation.time_to_first_token, 1 / Generation.tokens_per_second).
+
+    These change from run to run and machine to machine: show them in a cell nbval ignores.
+    """
+    a = j.answer
+    return {"first_token": sum(j.seconds.values()), "answer_first_token": a.time_to_first_token,
+            "per_token": 1 / a.tokens_per_second, "answer": sum(s.seconds for s in a.steps), "tokens": len(a.steps)}
+
+
+def first_word_round(model: "Model", g: Generation, word: str) -> int | None:
+    """The round in which `word` is complete in the answer (1 = the first token), None if it never is."""
+    for k in range(1, len(g.new_ids) + 1):
+        if word in model.tokenizer.decode(g.new_ids[:k]):
+            return k
+    return None
+
 
 def one_second_claims(model: "Model", j: "Journey", zh: "Journey | None" = None, gemma: "Model | None" = None,
                       gemma_j: "Journey | None" = None) -> list[Claim]:
@@ -198,7 +215,7 @@ def _chain_claim(model: "Model", gemma: "Model | None") -> Claim:
              logits=k["logits"][0], total=f"{k['softmax_sum']:.4f}", top_p=TOP_P, temperature=TEMPERATURE,
              nucleus=k["nucleus"], first=piece(k["first"]), passes=len(lens), len_first=lens[0],
              len_second=lens[1] if len(lens) > 1 else "", len_last=lens[-1],
-             rerun=t("claims.common.yes") if rerun else t("claims.common.no"), last=piece(answer.new_ids[-1]),
+             rerun=yes(rerun), last=piece(answer.new_ids[-1]),
              stopped=repr(answer.stopped), rounds=k["rounds"], text=repr(answer.text))
     if gemma is not None:
         g = generate(gemma, GEMMA_PROMPT, GEMMA_TOKENS)
@@ -223,10 +240,10 @@ def _budget_claim(model: "Model") -> Claim:
     g, m = budget(gpt2), budget(model.config)
     n_question = len(gpt2_tokenizer().encode(QUESTION_MARKED))
     return Claim(SECTION, t("claims.journey.budget.article", prompt=PROMPT_LEN, n=NEW_TOKENS),
-                 t("claims.journey.budget.measured", prompt=PROMPT_LEN, n=NEW_TOKENS, cached=_b(g["kv_cache"]),
-                   ratio=f"{g['kv_cache'] / ARTICLE_FLOPS:.2f}", rerun=_b(g["no_cache"]),
-                   params=f"{cost.n_params(gpt2) / 1e6:.1f}", rule=_b(g["article_rule"]), model=model.config.name,
-                   m_cached=_b(m["kv_cache"]), m_rerun=_b(m["no_cache"]), question=QUESTION_MARKED,
+                 t("claims.journey.budget.measured", prompt=PROMPT_LEN, n=NEW_TOKENS, cached=billions(g["kv_cache"]),
+                   ratio=f"{g['kv_cache'] / ARTICLE_FLOPS:.2f}", rerun=billions(g["no_cache"]),
+                   params=f"{cost.n_params(gpt2) / 1e6:.1f}", rule=billions(g["article_rule"]), model=model.config.name,
+                   m_cached=billions(m["kv_cache"]), m_rerun=billions(m["no_cache"]), question=QUESTION_MARKED,
                    question_tokens=n_question),
                  Verdict.of_number(g["kv_cache"], ARTICLE_FLOPS), numbers={"gpt2": g, "model": m}, said=ARTICLE_FLOPS,
                  key="journey.budget")

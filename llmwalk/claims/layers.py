@@ -7,13 +7,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..analysis import (article_layers_gap, block_shapes, closest_layers, future_check, lens_path, norm_spread,
-                        residual_steps)
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
 from .. import prompts
 from ..cost import gpt2_small
+from ..embedding import rope_angles
+from ..head import lens_path
 from ..i18n import t
-from . import yes
+from . import below, yes
 from ..interventions import combine, next_token_probs, patch, subject_position
+from ..layers import attention, causal_mask, ffn, norm
 from ..report import Claim, Verdict
 from ..walk import Trace, forward
 from ..weights import tensors
@@ -27,6 +32,90 @@ OTHER, OTHER_ANSWER = "The capital of Germany is", " Berlin"   # one token diffe
 SAME = 1e-4          # "the same numbers": float32 round-off stays far below this
 SMALL_STEP = 0.9     # a layer "adds to" the stream when its output keeps this cosine with its input
 
+
+# ---------------------------------------------------------------- measurements
+
+def _layer_inputs(model: "Model", trace: Trace, i: int):
+    """The mask and rotary angles layer i used in `trace` (no KV cache), from the stage functions walk.forward uses."""
+    t = len(trace.ids)
+    mask = causal_mask(t, window=model.config.window(i))
+    rope = rope_angles(trace.positions, model.config.d_head, model.config.theta(i)) if model.config.position == "rope" else None
+    return mask, rope
+
+
+@torch.inference_mode()
+def article_layer(model: "Model", trace: Trace, i: int) -> tuple[Tensor, Tensor]:
+    """Layer i recomputed as the article writes it: Norm → Attention → +residual, Norm → FFN → +residual.
+
+    Takes what entered layer i in `trace`; returns (residual after attention, residual after the FFN).  # [T, d] each
+    """
+    block, config = model.weights.blocks[i], model.config
+    mask, rope = _layer_inputs(model, trace, i)
+    x = trace.resid[i]
+    mid = x + attention(norm(x, block.attn_norm, config), block, config, mask, rope).out
+    out = mid + ffn(norm(mid, block.ffn_norm, config), block, config)[0]
+    return mid, out
+
+
+def article_layers_gap(model: "Model", trace: Trace) -> float:
+    """Largest |difference| between the trace's residual stream and the article's recipe, over every layer."""
+    return max(float((article_layer(model, trace, i)[1] - trace.resid[i + 1]).abs().max())
+               for i in range(model.config.n_layer))
+
+
+def block_shapes(block) -> tuple:
+    """Shapes of every tensor of one layer, in field order."""
+    return tuple((name, tuple(t.shape)) for name, t in tensors(block))
+
+
+def closest_layers(model: "Model") -> tuple[int, int, float]:
+    """The two layers whose query matrices are most alike: (i, j, relative difference ‖Wi − Wj‖ / ‖Wi‖)."""
+    w = torch.stack([b.attn_q.weight.float().flatten() for b in model.weights.blocks])   # [L, d*d]
+    dist = torch.cdist(w[None], w[None])[0] / w.norm(dim=-1, keepdim=True)
+    dist.fill_diagonal_(float("inf"))
+    k = int(dist.argmin())
+    i, j = divmod(k, len(w))
+    return min(i, j), max(i, j), float(dist[i, j])
+
+
+@torch.inference_mode()
+def future_check(model: "Model", trace: Trace) -> tuple[float, float]:
+    """(largest attention weight on a future key, largest change of earlier positions when the last token is removed).
+
+    Both are 0 when no position can see what comes after it.
+    """
+    w = trace.attn                                                    # [L, H, T, T]
+    future = ~causal_mask(w.shape[-1])
+    prefix = forward(model, trace.ids[:-1])
+    moved = float((prefix.resid - trace.resid[:, :-1]).abs().max())
+    return float(w[..., future].max()), moved
+
+
+def rms(x: Tensor) -> Tensor:
+    """Root mean square of each vector.  # [..., d] -> [...]"""
+    return x.float().pow(2).mean(-1).sqrt()
+
+
+def norm_spread(trace: Trace) -> dict:
+    """How much the median token's RMS varies across layers, entering the attention norm and leaving it."""
+    before = rms(trace.resid[:-1]).median(-1).values                         # [L]
+    after = rms(torch.stack([b.attn_in for b in trace.layers])).median(-1).values
+    return {"before": (float(before.min()), float(before.max())), "after": (float(after.min()), float(after.max())),
+            "before_ratio": float(before.max() / before.min()), "after_ratio": float(after.max() / after.min())}
+
+
+def residual_steps(trace: Trace) -> dict:
+    """Cosine between each token's vector entering and leaving every layer (median over tokens), and x0 vs the end."""
+    r = trace.resid.float()
+    cos = F.cosine_similarity(r[:-1], r[1:], dim=-1).median(-1).values     # [L]
+    first = F.cosine_similarity(r[0], r[-1], dim=-1).median()
+    growth = rms(r[1]).median() / rms(r[0]).median()
+    return {"cos": cos.tolist(), "median_cos": float(cos.median()), "x0_vs_last": float(first),
+            "layer0_growth": float(growth)}
+
+
+
+# ---------------------------------------------------------------- verdicts and claims
 
 def structure_verdict(gap: float, config) -> Verdict:
     """The point: the pre-norm recipe reproduces the model (or misses only extra sandwich norms); the detail: the
@@ -82,7 +171,7 @@ def swapped_ffns(model: "Model", ids, other, tokens, layers, positions) -> list[
 
 def _bound(x: float) -> str:
     """A difference that is float round-off, written so that it reads the same on every machine."""
-    return "0" if x == 0 else (f"< {SAME:.0e}" if x < SAME else f"{x:.3g}")
+    return below(x, f"{SAME:.0e}", zero=True)
 
 
 def lens_point(index: int | None) -> str:

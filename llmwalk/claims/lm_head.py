@@ -6,15 +6,19 @@ the small model of the three that answers the article's Chinese question in Chin
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from functools import lru_cache
+from typing import TYPE_CHECKING, Sequence
 
-from ..analysis import next_char_prob, rank_of, top_tokens, word_probs
+import torch
+
 from .. import prompts
 from ..cost import gpt2_small
 from ..head import lm_head, softmax
 from ..i18n import t
-from . import listed
+from . import below, listed, yes
+from ..kv_cache import KVCache
 from ..report import Claim, Verdict
+from ..sampling import rank_of
 from ..tokens import gpt2_tokenizer
 from ..walk import forward
 
@@ -32,6 +36,58 @@ ARTICLE_P = {"巴": 0.042, "北": 0.018}
 NEAR_TOP = 5                                       # the claim's point: 巴 among the top 5 and above 北
 GEMMA_DIGITS = 2            # Gemma's probabilities, as notebook 05's own table: a 3rd digit may change on another CPU
 
+
+# ---------------------------------------------------------------- measurements
+
+@torch.inference_mode()
+def word_probs(model: "Model", ids: Sequence[int], words: Sequence[str]) -> tuple[torch.Tensor, dict[str, dict]]:
+    """The next-token distribution after `ids`, and for each word the probability that the model writes exactly
+    its pieces next: P(piece 1) · P(piece 2 | piece 1) · … (one factor when the word is one token).
+
+    The prompt runs once into a KV cache; each word's pieces then run from there (the cache is rewound to the
+    prompt between words). Returns (probs [vocab], {word: ids, pieces, one_token, chain, p, rank of the first piece}).
+    """
+    pieces = {w: model.tokenizer.text_ids(w) for w in words}
+    cache = KVCache.empty(model.config, len(ids) + max(len(p) for p in pieces.values()))
+    probs = softmax(forward(model, ids, cache=cache, record=False, last_only=True).logits[-1])
+    out = {}
+    for w, p in pieces.items():
+        chain = [float(probs[p[0]])]
+        if len(p) > 1:
+            cache.truncate(len(ids))                                     # back to the end of the prompt
+            later = softmax(forward(model, p[:-1], cache=cache, record=False).logits)   # [len(p) - 1, vocab]
+            chain += later[torch.arange(len(p) - 1), torch.as_tensor(p[1:])].tolist()
+        out[w] = {"ids": p, "pieces": model.tokenizer.pieces(p), "one_token": len(p) == 1, "chain": chain,
+                  "p": float(torch.tensor(chain).prod()), "rank": int(rank_of(probs, p[0]))}
+    return probs, out
+
+
+def top_tokens(model: "Model", probs: torch.Tensor, k: int = 1) -> list[tuple[str, float]]:
+    """The k most likely next tokens as (piece, probability)."""
+    v = probs.topk(k)
+    return list(zip(model.tokenizer.pieces(v.indices.tolist()), v.values.tolist()))
+
+
+@lru_cache(maxsize=16)
+def _starting_with(tokenizer, text: str) -> tuple[int, ...]:
+    return tuple(i for i, p in enumerate(tokenizer.pieces(range(tokenizer.vocab_size))) if p.startswith(text))
+
+
+def tokens_starting_with(tokenizer, text: str) -> list[int]:
+    """Ids of every vocabulary entry whose text starts with `text` (Gemma-3: 巴 → 巴, 巴黎, 巴西, 巴士, 巴巴).
+
+    A scan of the whole vocabulary, remembered per (tokenizer, text)."""
+    return list(_starting_with(tokenizer, text))
+
+
+def next_char_prob(tokenizer, probs: torch.Tensor, char: str) -> float:
+    """P(the next token starts with `char`): the article's P(巴) for a vocabulary that has whole characters
+    and words (for byte-level vocabularies, where 巴 is two byte pieces, use word_probs' chain instead)."""
+    return float(probs[tokens_starting_with(tokenizer, char)].sum())
+
+
+
+# ---------------------------------------------------------------- the claims
 
 def gemma_contexts(gemma: "Model") -> dict[str, list[int]]:
     """The three Chinese contexts measured on Gemma-3: the question, the bare sentence start, and the question
@@ -88,9 +144,9 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
     same = float((logits - trace.logits[-1]).abs().max())
     rows.append(Claim(SECTION, t("claims.lm_head.linear.article"),
                       t("claims.lm_head.linear.measured", model=config.name, d=h.shape[0], shape=list(w.shape),
-                        n=logits.shape[0], diff="< 1e-04" if same < 1e-4 else f"{same:.3g}",
+                        n=logits.shape[0], diff=below(same, "1e-04"),
                         total=f"{float(probs.sum()):.4f}", prompt=repr(PROMPT), answer=repr(ANSWER),
-                        p=f"{float(probs[token]):.2f}", rank=rank_of(probs, token)),
+                        p=f"{float(probs[token]):.2f}", rank=int(rank_of(probs, token))),
                       Verdict.of(same < 1e-4 and abs(float(probs.sum()) - 1) < 1e-4),
                       numbers={"max_diff": same, "sum": float(probs.sum()), "p_answer": float(probs[token])},
                       key="lm_head.linear"))
@@ -101,7 +157,7 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
            if tied else t("claims.lm_head.tied.separate"))
     rows.append(Claim(SECTION, t("claims.lm_head.tied.article"),
                       t("claims.lm_head.tied.measured", model=config.name,
-                        tied=t("claims.common.yes") if tied else t("claims.common.no"), how=how),
+                        tied=yes(tied), how=how),
                       Verdict.of(True, tied), numbers={"tied": tied},   # a separate head is still a linear layer
                       key="lm_head.tied"))
 

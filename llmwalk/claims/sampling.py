@@ -1,22 +1,24 @@
 """Section 六 measured: greedy decoding and its loops, temperature, top-k, top-p, and what a library does by default.
 
 `claims(model)` returns one row per claim of the section. The helpers it measures with (find_loop, distinct_n,
-token_logprobs, temperature_study, ...) are the ones notebook 06 shows, so the table and the cells agree.
+temperature_study, ...) are the ones notebook 06 shows, so the table and the cells agree.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor
 
-from ..analysis import Loop, Run, entropy, find_loop, kept, next_token_logits, study_summary, temperature_study
 from .. import prompts
+from ..accuracy import log_probs, token_nll
 from ..generation import decoding_head, generate
 from ..i18n import t
 from . import listed, yes
 from ..report import Claim, Verdict
-from ..sampling import apply_temperature, probs_after
+from ..sampling import apply_temperature, entropy, kept, probs_after
+from ..walk import forward
 
 if TYPE_CHECKING:
     from ..models import Model
@@ -34,6 +36,83 @@ SEEDS = (0, 1)
 STUDY_TOKENS = 16
 TOP_K = 50
 TOP_P = 0.9
+
+
+# ---------------------------------------------------------------- measurements
+
+def next_token_logits(model: "Model", text: str, chat: bool = False) -> Tensor:
+    """The model's logits for the token after `text`.  # -> [vocab]"""
+    return forward(model, model.tokenizer.encode(text, chat=chat), record=False, last_only=True).logits[0]
+
+
+@dataclass(frozen=True)
+class Repetition:
+    """A repeating tail of a token sequence (greedy decoding's loop): from index `start` on, the same `period` tokens come back again and again."""
+
+    start: int                  # index in the sequence of the first token of the repeating tail
+    period: int                 # tokens per repetition
+    repeats: float              # how many periods the tail spans (the last one may be unfinished)
+    ids: tuple[int, ...]        # the first period of the tail
+
+
+def find_loop(ids: Sequence[int], min_repeats: float = 3) -> Repetition | None:
+    """The longest tail of `ids` that repeats with a fixed period at least `min_repeats` times (None if none).
+
+    For every period p the tail is extended backwards while ids[i] == ids[i + p]; the longest tail wins, and
+    among equally long tails the shortest period (a loop of 5 tokens also "repeats" every 10).
+    """
+    ids, best = list(ids), None
+    for p in range(1, len(ids) // 2 + 1):
+        start = len(ids) - p
+        while start > 0 and ids[start - 1] == ids[start - 1 + p]:
+            start -= 1
+        length = len(ids) - start
+        if length / p >= min_repeats and (best is None or length > len(ids) - best.start):
+            best = Repetition(start, p, length / p, tuple(ids[start:start + p]))
+    return best
+
+
+def distinct_n(seqs: Sequence[Sequence[int]], n: int = 2) -> float:
+    """Distinct n-grams / all n-grams, pooled over the sequences: 1 when nothing repeats, 1/k for k identical copies."""
+    grams = [tuple(s[i:i + n]) for s in seqs for i in range(len(s) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else float("nan")
+
+
+@dataclass(frozen=True)
+class SampledAnswer:
+    """One sampled answer of the temperature study."""
+
+    temperature: float
+    seed: int
+    text: str
+    new_ids: tuple[int, ...]    # EOS included when the answer ended there
+    stopped: str
+    mean_logprob: float         # mean log p of the new tokens under the plain model (T = 1): how natural it reads
+
+
+def temperature_study(model: "Model", prompt: str, *, temperatures: Sequence[float], seeds: Sequence[int],
+                      max_new_tokens: int) -> list[SampledAnswer]:
+    """Answer a chat prompt at every temperature with every seed (no top-k/top-p: temperature alone)."""
+    head, runs = decoding_head(model), []
+    for t in temperatures:
+        for seed in seeds:
+            g = generate(model, prompt, max_new_tokens, temperature=t, seed=seed, chat=True, head=head)
+            # log p of each new token under the plain model, from one forward pass over prompt and answer
+            lp = -float(token_nll(log_probs(model, g.ids), g.ids)[len(g.prompt_ids) - 1:].mean())
+            runs.append(SampledAnswer(t, seed, g.text, tuple(g.new_ids), g.stopped, lp))
+    return runs
+
+
+def study_summary(runs: Sequence[SampledAnswer]) -> dict[float, dict[str, float]]:
+    """Per temperature: distinct-2 over its answers (variety), mean log p (naturalness), identical answers."""
+    out = {}
+    for t in dict.fromkeys(r.temperature for r in runs):
+        group = [r for r in runs if r.temperature == t]
+        out[t] = {"distinct_2": distinct_n([r.new_ids for r in group], 2),
+                  "mean_logprob": sum(r.mean_logprob for r in group) / len(group),
+                  "all_identical": float(len({r.new_ids for r in group}) == 1)}
+    return out
+
 
 
 # ---------------------------------------------------------------- what a library does by default
@@ -54,14 +133,14 @@ def _f(x: float) -> str:
     return f"{x:.3g}"
 
 
-def greedy_loop(model: "Model", prompt: str) -> tuple[Loop | None, str]:
+def greedy_loop(model: "Model", prompt: str) -> tuple[Repetition | None, str]:
     """The loop greedy decoding falls into after `prompt` within LOOP_TOKENS tokens (None if none), and its text."""
     g = generate(model, prompt, LOOP_TOKENS, stop_at_eos=False, head=decoding_head(model))
     loop = find_loop(g.new_ids)
     return loop, "".join(model.tokenizer.pieces(list(loop.ids))) if loop else ""
 
 
-def _greedy_claims(model: "Model", runs: Sequence[Run]) -> list[Claim]:
+def _greedy_claims(model: "Model", runs: Sequence[SampledAnswer]) -> list[Claim]:
     greedy = [r for r in runs if r.temperature == 0]
     same = len(greedy) > 1 and len({r.new_ids for r in greedy}) == 1
     loop, pieces = greedy_loop(model, LOOP_PROMPT)
@@ -85,9 +164,9 @@ def _greedy_claims(model: "Model", runs: Sequence[Run]) -> list[Claim]:
     ]
 
 
-def _temperature_claims(narrow: Tensor, runs: Sequence[Run]) -> list[Claim]:
+def _temperature_claims(narrow: Tensor, runs: Sequence[SampledAnswer]) -> list[Claim]:
     ts = (0.5, 1.0, 2.0)
-    h = [entropy(narrow, temp) for temp in ts]
+    h = [entropy(probs_after(narrow, temp)) for temp in ts]
     plain = bool(torch.equal(apply_temperature(narrow, 1.0).softmax(-1), narrow.softmax(-1)))
     ok = h[0] < h[1] < h[2] and plain
     s = study_summary(runs)
@@ -151,7 +230,7 @@ def _default_claim() -> Claim:
                  Verdict.of(True, False) if top_p_default else Verdict.UNCHECKABLE, numbers=d, key="sampling.defaults")
 
 
-def claims(model: "Model", runs: Sequence[Run] | None = None) -> list[Claim]:
+def claims(model: "Model", runs: Sequence[SampledAnswer] | None = None) -> list[Claim]:
     """Section 六, measured on `model`. `runs`: a temperature_study(model) already made (notebook 06 passes its own)."""
     if runs is None:
         runs = temperature_study(model, CHAT_PROMPT, temperatures=TEMPERATURES, seeds=SEEDS,

@@ -6,16 +6,10 @@ import torch
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from ..head import logit_lens
+from ..head import lens_path, logit_lens
 from ..i18n import t
 from ._draw import cell_text, heatmap, labels, new_figure, show_piece
 from .layers import resid_axis
-
-
-def lens_logits(trace, model, position: int | None = None) -> torch.Tensor:
-    """Logits read from the embedding and after every layer, at all positions or one.  # -> [n_layer + 1, (T,) vocab]"""
-    resid = trace.resid if position is None else trace.resid[:, position]
-    return logit_lens(resid, model.weights, model.config).float()
 
 
 def _text_grid(top_probs: torch.Tensor, top_ids: torch.Tensor, tokenizer, columns: list[str], title: str) -> Figure:
@@ -36,14 +30,14 @@ def _text_grid(top_probs: torch.Tensor, top_ids: torch.Tensor, tokenizer, column
 
 def logit_lens_grid(trace, model) -> Figure:
     """The most likely next token at every layer (down) and position (across); the last row is the model's answer."""
-    top = lens_logits(trace, model).softmax(-1).max(dim=-1)
+    top = logit_lens(trace.resid, model.weights, model.config).float().softmax(-1).max(dim=-1)   # [L + 1, T]
     return _text_grid(top.values, top.indices, model.tokenizer, labels(model.tokenizer, trace.ids, 8),
                       t("viz.lens.grid_title"))
 
 
 def logit_lens_top(trace, model, position: int = -1, k: int = 5) -> Figure:
     """The k most likely next tokens after each layer, at one position."""
-    top = lens_logits(trace, model, position).softmax(-1).topk(k, dim=-1)
+    top = logit_lens(trace.resid[:, position], model.weights, model.config).float().softmax(-1).topk(k, dim=-1)
     word = labels(model.tokenizer, [trace.ids[position]], limit=None)[0]
     return _text_grid(top.values, top.indices, model.tokenizer, [f"#{r}" for r in range(1, k + 1)],
                       t("viz.lens.top_title", word=word, position=position % len(trace.ids)))
@@ -53,9 +47,8 @@ def token_rank(trace, model, token: int | str, position: int = -1) -> Figure:
     """Rank (log scale) and probability of one token, layer by layer, at one position."""
     if isinstance(token, str):
         token = model.tokenizer.token_id(token)     # without the <bos> Gemma's encode() puts in front
-    logits = lens_logits(trace, model, position)                       # [n_layer + 1, vocab]
-    rank = (logits > logits[:, token:token + 1]).sum(-1).numpy() + 1
-    prob = torch.softmax(logits, dim=-1)[:, token].numpy()
+    path = lens_path(model, trace, token, position)
+    rank, prob = np.array(path["rank"]), np.array(path["prob"])
     layers = np.arange(-1, len(rank) - 1)                             # -1: the embedding, i: after layer i
     fig = new_figure(9, 3.8)
     ax = fig.subplots()

@@ -8,7 +8,7 @@ from matplotlib.transforms import ScaledTranslation
 from torch import Tensor
 
 from ..i18n import t
-from ..sampling import apply_temperature, min_p_filter, probs_after, surgery, top_k_filter, top_p_filter
+from ..sampling import Sampler, probs_after, surgery
 from ._draw import CHOSEN, KEPT, REMOVED, labels, new_figure, token_bars
 
 
@@ -17,13 +17,11 @@ def _cuts(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, to
     """Which tokens survive, and how many are left after each cut (generate()'s order).  # [vocab] -> [vocab] bool"""
     if temperature == 0:
         return torch.arange(logits.shape[-1]) == logits.argmax(), {t("viz.sampling.greedy"): 1}
-    x, left = apply_temperature(logits, temperature), {}
-    for name, value, cut in (("top-k", top_k, top_k_filter), ("top-p", top_p, top_p_filter),
-                             ("min-p", min_p, min_p_filter)):
-        if value is not None:
-            x = cut(x, value)
-            left[f"{name} = {value:g}"] = int(x.isfinite().sum())
-    return x.isfinite(), left
+    stages = Sampler(temperature, top_k, top_p, min_p).stages(logits)
+    settings = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
+    left = {f"{name.replace('_', '-')} = {settings[name]:g}": int(x.isfinite().sum())
+            for name, x in stages.items() if name != "scaled"}
+    return list(stages.values())[-1].isfinite(), left
 
 
 def _values_at_right(ax) -> None:
@@ -71,7 +69,7 @@ def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min
     artists other settings change (not the token names on the y axis: only other logits change those)."""
     for artist in [a for a in (*ax.lines, *ax.texts) if a.get_gid() == "cut"]:
         artist.remove()                                         # the previous settings' cut marks
-    probs = (logits.float() / (temperature or 1.0)).softmax(-1)  # greedy (T = 0) shows the T = 1 distribution
+    probs = probs_after(logits, temperature or 1.0)              # greedy (T = 0) shows the T = 1 distribution
     kept, left = _cuts(logits, temperature, top_k, top_p, min_p)
     ids = logits.topk(len(ax.patches)).indices.tolist()
     values = probs[ids].numpy()
