@@ -81,14 +81,16 @@ def test_a_class_installs_from_the_bundle_with_no_network_and_runs_a_notebook(tm
                            env=without_guard(os.environ), capture_output=True, text=True, encoding="utf-8", timeout=900)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     offline = {k: v for k, v in without_guard(os.environ).items() if not k.startswith("PIP_")}
-    offline.update(PYTHONPATH=str(GUARD), PIP_CONFIG_FILE=os.devnull, LLMWALK_CACHE=str(tmp_path / "model cache 张伟"))
+    offline.update(PYTHONPATH=str(GUARD), PIP_CONFIG_FILE=os.devnull, LLMWALK_CACHE=str(tmp_path / "model cache 张伟"),
+                   PIP_NO_COMPILE="1")    # torch's .pyc files are written at its first import instead: a quicker test
     offline.pop("LLMWALK_TORCH", None)
     installed = subprocess.run([sys.executable, str(lab / "llmwalk_setup.py"), "setup"], env=offline,
                                capture_output=True, text=True, encoding="utf-8", timeout=900)
     assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
     venv_python = lab / ".venv" / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
     where = subprocess.run([venv_python, "-c", "import llmwalk, torch; print(llmwalk.__file__); print(torch.__version__)"],
-                           env=offline, capture_output=True, text=True, encoding="utf-8", check=True).stdout.split("\n")
+                           env=offline, cwd=lab, capture_output=True, text=True, encoding="utf-8",
+                           check=True).stdout.split("\n")
     assert Path(where[0]).is_relative_to(lab / ".venv")           # the wheel from the bundle, not this checkout
     assert where[1] == "2.13.0+cpu" or not sys.platform.startswith("linux")
     nbval = subprocess.run([sys.executable, "-m", "pytest", "--nbval", "--nbval-kernel-name", "llmwalk",
