@@ -298,7 +298,8 @@ def bundle(target: Path, which: str) -> int:
     python = VENV_PYTHON if VENV_PYTHON.exists() else Path(sys.executable)
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     wheels = target / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
+    if not DRY_RUN:
+        wheels.mkdir(parents=True, exist_ok=True)
     say(f"building llmwalk's wheel into {wheels}")
     llmwalk = build_llmwalk_wheel(python, wheels)
     sizes, missing = {}, {}
@@ -329,6 +330,9 @@ def bundle(target: Path, which: str) -> int:
             continue
         sizes[key] = sum(f.stat().st_size for f in set(files + more + shared) if f.exists())
     say(f"copying the notebooks and this script into {target}")
+    if DRY_RUN:
+        print("(not under --dry-run, nor bundle.json; nothing was downloaded)")
+        return 0
     shutil.copytree(ROOT / "notebooks", target / "notebooks", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     shutil.copy2(Path(__file__), target / "llmwalk_setup.py")
