@@ -209,8 +209,10 @@ def setup(extras: str, *, bundle: Path | None = None) -> None:
     check_font()
     run([VENV_PYTHON, "-m", "ipykernel", "install", "--sys-prefix", "--name", "llmwalk",
          "--display-name", "llmwalk (.venv)"], quiet=True)
-    say("converting the default model once (cached for later loads)")
-    run([VENV_PYTHON, "-c", "import llmwalk as lw; print(lw.load_model())"])
+    # Converted now, once, not in a learner's first notebook (where the progress bar would be the first output).
+    models = ["smollm2-135m"] + (["gemma3-270m"] if "gemma" in extras.split(",") else [])
+    say(f"converting {' and '.join(models)} once (cached for later loads)")
+    run([VENV_PYTHON, "-c", f"import llmwalk as lw\nfor name in {models!r}: print(lw.load_model(name))"])
 
 
 # --- The offline classroom bundle -------------------------------------------------------------------------------
@@ -437,7 +439,6 @@ def main(argv: list[str]) -> int:
     if command == "test":
         setup("notebooks,test,gemma")
         check_chromium()
-        run([VENV_PYTHON, "-c", "import llmwalk as lw; print(lw.load_model('gemma3-270m'))"])
         return run_tests(rest)
     if command == "setup":
         setup(CLASS_EXTRAS if bundled else "notebooks,test,gemma", bundle=bundled)
