@@ -18,6 +18,7 @@ Everything works offline apart from the package registries (PyPI, and Debian's a
 """
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -231,6 +232,10 @@ def manylinux(arch: str) -> list[str]:
 # wheel for it is 2.2) and Windows on Arm (no torch wheel on PyPI).
 PLATFORMS = {"linux-x86_64": manylinux("x86_64"), "linux-aarch64": manylinux("aarch64"),
              "macos-arm64": ["macosx_14_0_arm64"], "windows-amd64": ["win_amd64"]}
+# What such a machine says to environment markers (PEP 508), for the same Python version.
+_SYSTEMS = {"linux": ("linux", "Linux", "posix"), "macos": ("darwin", "Darwin", "posix"), "windows": ("win32", "Windows", "nt")}
+MARKERS = {key: dict(zip(("sys_platform", "platform_system", "os_name"), _SYSTEMS[key.split("-")[0]]),
+                     platform_machine={"windows-amd64": "AMD64"}.get(key, key.split("-")[1])) for key in PLATFORMS}
 
 
 def this_platform() -> str:
@@ -238,31 +243,55 @@ def this_platform() -> str:
     return f"{ {'darwin': 'macos', 'win32': 'windows'}.get(sys.platform, sys.platform)}-{platform.machine().lower()}"
 
 
-def pip_download(python: Path, args: list, wheels: Path) -> tuple[list[Path], str]:
-    """pip download into `wheels`: (the files pip saved or found already there, pip's output when it failed)."""
-    cmd = [python, "-m", "pip", "download", "--disable-pip-version-check", "-d", wheels, *args]
+# pip download --platform fetches another platform's wheels but still evaluates the dependencies' markers
+# (torch's `platform_system == "Linux"` CUDA libraries, say) for the machine it runs on: run so, pip evaluates them
+# for the target machine instead (packaging's default_environment, which pip asks at each evaluation, is replaced).
+PIP_FOR_TARGET = """import json, sys
+from pip._vendor.packaging import markers
+target = dict(markers.default_environment(), **json.loads(sys.argv[1]))
+markers.default_environment = lambda: dict(target)
+from pip._internal.cli.main import main
+sys.argv = ["pip", *sys.argv[2:]]
+sys.exit(main())"""
+
+
+def pip_error(stderr: str) -> str:
+    """The line of pip's error output that says what is missing."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = [line for line in lines if "No matching distribution" in line] or \
+           [line for line in lines if line.startswith("ERROR:") and "for help visit" not in line]
+    return (said or lines or ["pip failed"])[0]
+
+
+def pip_download(python: Path, args: list, wheels: Path, markers: dict | None = None) -> tuple[list[Path], str]:
+    """pip download into `wheels`, markers evaluated as on a machine with `markers`: (the files pip saved or found
+    already there, pip's error when it failed)."""
+    pip = [python, "-c", PIP_FOR_TARGET, json.dumps(markers)] if markers else [python, "-m", "pip"]
+    args = ["download", "--disable-pip-version-check", "-d", wheels, *args]
     if DRY_RUN:
-        run(cmd)
+        run([python, "-m", "pip", *args])
+        if markers:
+            print(f"  (its dependencies' markers evaluated as on {markers})")
         return [], ""
-    out = subprocess.run([str(c) for c in cmd], cwd=ROOT, capture_output=True, text=True, encoding="utf-8",
+    out = subprocess.run([str(c) for c in pip + args], cwd=ROOT, capture_output=True, text=True, encoding="utf-8",
                          errors="replace")
     files = []
     for line in out.stdout.splitlines():           # pip names each file relative to its working folder if inside
         for said in ("Saved ", "File was already downloaded "):
             if line.startswith(said):
                 files.append((ROOT / line[len(said):].strip()).resolve())
-    return files, "" if out.returncode == 0 else (out.stderr.strip().splitlines() or ["pip failed"])[-1]
+    return files, "" if out.returncode == 0 else pip_error(out.stderr)
 
 
-def download_dependencies(python: Path, args: list, wheels: Path) -> tuple[list[Path], str]:
+def download_dependencies(python: Path, args: list, wheels: Path, markers: dict) -> tuple[list[Path], str]:
     """pip download of every dependency as a wheel. A dependency published only as source (e.g. `future`) is built
     into a wheel here first, and the download tried again: it must come out pure Python (py3-none-any), which then
     serves every platform; a compiled one would fit only this machine, and is reported instead."""
     import re
     built: list[Path] = []
     while True:
-        files, failed = pip_download(python, args, wheels)
-        source_only = re.search(r"No matching distribution found for (\S+)", failed)
+        files, failed = pip_download(python, args, wheels, markers)
+        source_only = re.search(r"No matching distribution found for ([^\s;]+)", failed)
         if not source_only or DRY_RUN:
             return files + built, failed
         requirement = source_only.group(1)
@@ -320,13 +349,13 @@ def bundle(target: Path, which: str) -> int:
         # Linux: only torch's CPU build will do (a pin on the local version: PyPI's CUDA build is not even fetched).
         torch = f"{TORCH}+cpu" if key.startswith("linux") else TORCH
         extra = ["--extra-index-url", index] if key.startswith("linux") and why is None else []
-        files, failed = pip_download(python, [*target_flags, "--no-deps", torch, *extra], wheels)
+        files, failed = pip_download(python, [*target_flags, "--no-deps", torch, *extra], wheels, MARKERS[key])
         if failed:
             missing[key] = (f"{torch}: {failed}" + (f" (PyTorch's CPU wheel index {index} did not answer: {why})"
                                                     if extra == [] and key.startswith("linux") else ""))
             continue
         more, failed = download_dependencies(python, [*target_flags, "--find-links", wheels, torch,
-                                                      f"{llmwalk}[{CLASS_EXTRAS}]"], wheels)
+                                                      f"{llmwalk}[{CLASS_EXTRAS}]"], wheels, MARKERS[key])
         if failed:
             missing[key] = f"llmwalk[{CLASS_EXTRAS}]'s dependencies: {failed}"
             continue
@@ -338,7 +367,6 @@ def bundle(target: Path, which: str) -> int:
     shutil.copytree(ROOT / "notebooks", target / "notebooks", dirs_exist_ok=True,
                     ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
     shutil.copy2(Path(__file__), target / "llmwalk_setup.py")
-    import json
     (target / BUNDLE_MANIFEST).write_text(json.dumps({"python": version, "platforms": sorted(sizes),
                                                       "missing": missing}, indent=1) + "\n", encoding="utf-8")
     for key, size in sizes.items():
@@ -353,7 +381,6 @@ def bundle(target: Path, which: str) -> int:
 
 def check_bundle(folder: Path) -> None:
     """The bundle fits this machine: the same Python minor version and a platform it holds, else a clear stop."""
-    import json
     manifest = folder / BUNDLE_MANIFEST
     if not manifest.is_file():
         sys.exit(f"{folder} is not a bundle (no {BUNDLE_MANIFEST}): write one with python llmwalk_setup.py bundle DIR")

