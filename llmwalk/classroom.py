@@ -44,7 +44,7 @@ class Memory:
         return self.private_anonymous + self.private_written_files + self.private_clean_files
 
 
-def _mappings(pid: int | str):
+def mappings(pid: int | str):
     """(path or "", {field: kB}) for each mapping of process `pid`."""
     text = Path(f"/proc/{pid}/smaps").read_text()       # pid "self": this process
     for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", text.strip()):
@@ -57,7 +57,7 @@ def _mappings(pid: int | str):
 def memory(pid: int | str) -> Memory:
     """Process `pid`'s memory split as `Memory` says (Linux only: it reads /proc/<pid>/smaps)."""
     sums = dict.fromkeys(("pss", "anon", "written", "clean", "w_rss", "w_shared", "w_dirty"), 0)
-    for path, f in _mappings(pid):
+    for path, f in mappings(pid):
         sums["pss"] += f.get("Pss", 0)
         private = f.get("Private_Clean", 0) + f.get("Private_Dirty", 0)
         if not path.startswith("/"):                # [heap], [stack], [anon:...], or no name: anonymous memory
