@@ -109,6 +109,16 @@ def check_chromium() -> None:
               " or set LLMWALK_CHROMIUM to a Chromium or Chrome executable")
 
 
+def install_proxy() -> None:
+    """configurable-http-proxy, JupyterHub's proxy (npm), into .venv/node_modules: the class server test needs it."""
+    npm = shutil.which("npm")
+    if npm is None:
+        print("note: no npm, so the class server test (tests/test_hub.py) will be skipped: install Node.js (npm)")
+        return
+    say("npm install configurable-http-proxy (JupyterHub's proxy) into .venv/node_modules")
+    run([npm, "install", "--prefix", VENV, "--no-fund", "--no-audit", "configurable-http-proxy@5"], quiet=True)
+
+
 def torch_spec() -> list[str]:
     """LLMWALK_TORCH split like a shell would ("skip": keep the torch already in .venv, e.g. a CUDA build)."""
     spec = os.environ.get("LLMWALK_TORCH", "torch==2.13.0")
@@ -197,8 +207,9 @@ def main(argv: list[str]) -> int:
         run([VENV_PYTHON, "-m", "jupyter", "lab", "notebooks"])   # opens at notebooks/: both editions are there
         return 0
     if command == "test":
-        setup("notebooks,test,gemma")
+        setup("notebooks,test,gemma,classroom")
         check_chromium()
+        install_proxy()
         run([VENV_PYTHON, "-c", "import llmwalk as lw; print(lw.load_model('gemma3-270m'))"])
         return run_tests(rest)
     if command == "setup":
