@@ -118,7 +118,11 @@ c.JupyterHub.load_roles.append({{"name": "teacher", "services": ["teacher"],
         self.proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=state, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         self.started: dict[int, str] = {}          # every process seen under the hub: pid -> its command line
-        self.wait_until(self.answers, "the hub to answer", 90)
+        try:
+            self.wait_until(self.answers, "the hub to answer", 90)
+        except BaseException:
+            self.stop()                            # the caller gets no Hub to stop
+            raise
 
     def answers(self) -> bool:
         try:

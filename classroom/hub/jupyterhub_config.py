@@ -26,9 +26,9 @@ VENV_BIN = Path(sys.executable).parent          # the hub runs from the venv the
 # lw.load_model(); lw.load_model('gemma3-270m')"`, then `chmod -R a+rX,a-w /srv/llmwalk-cache`); llmwalk reads a
 # complete cache without writing to it.
 CACHE = os.environ.get("LLMWALK_CACHE", "/srv/llmwalk-cache")
-# Per student: a JupyterLab server (~100 MB) and a kernel per open notebook; a kernel that ran 04 (SmolLM2 and
-# Gemma-3, traces included) holds ~380 MB of its own (README.md, "Memory per student"), the weights are shared.
-# 1.5 GB lets a student keep three notebooks' kernels running. Enforced by SystemdSpawner (a cgroup's MemoryMax).
+# Per student: a JupyterLab server (~140 MB PSS) and a kernel per open notebook; a kernel that ran 04 (SmolLM2 and
+# Gemma-3, traces included) holds ~470 MB of its own, ~340 MB with SmolLM2 only (README.md, "Memory per student");
+# the weights are shared. 1.5 GB: a server and two notebooks' kernels. Enforced by SystemdSpawner (cgroup MemoryMax).
 MEM_LIMIT = os.environ.get("LLMWALK_MEM_LIMIT", "1.5G")
 NOTEBOOKS = REPO / "notebooks"
 HANDED_OUT = "llmwalk"                          # the folder in each student's home
