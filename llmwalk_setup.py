@@ -129,6 +129,16 @@ PROBE_SECONDS = 5    # pip retries an unreachable index 5 times (8 s when a name
                      # packets are dropped): one short look first decides
 
 
+def install_proxy() -> None:
+    """configurable-http-proxy, JupyterHub's proxy (npm), into .venv/node_modules: the class server test needs it."""
+    npm = shutil.which("npm")
+    if npm is None:
+        print("note: no npm, so the class server test (tests/test_hub.py) will be skipped: install Node.js (npm)")
+        return
+    say("npm install configurable-http-proxy (JupyterHub's proxy) into .venv/node_modules")
+    run([npm, "install", "--prefix", VENV, "--no-fund", "--no-audit", "configurable-http-proxy@5"], quiet=True)
+
+
 def has_nvidia_gpu() -> bool:
     return Path("/dev/nvidia0").exists()
 
@@ -464,8 +474,9 @@ def main(argv: list[str]) -> int:
         run([VENV_PYTHON, "-m", "jupyter", "lab", "notebooks"])   # opens at notebooks/: both editions are there
         return 0
     if command == "test":
-        setup("notebooks,test,gemma")
+        setup("notebooks,test,gemma,classroom")
         check_chromium()
+        install_proxy()
         return run_tests(rest)
     if command == "setup":
         setup(CLASS_EXTRAS if bundled else "notebooks,test,gemma", bundle=bundled)
