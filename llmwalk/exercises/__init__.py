@@ -68,9 +68,11 @@ deep_dives/quantization
         symmetric int8, one scale per output column: max |w| / 127 (1 for a column of zeros), codes round(w / scale)
 
 Solutions, for teachers: `llmwalk/exercises/solutions.py`. `python -m llmwalk.exercises` checks them all.
+Graded assignments (nbgrader) from these exercises: `python -m llmwalk.exercises.nbgrader COURSE_DIR`.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable
 
 from ..i18n import t
@@ -84,6 +86,32 @@ def check(name: str, fn: Callable, *, timeout: float | None = TIMEOUT) -> Result
     if name not in EXERCISES:
         raise ValueError(t("exercises.grader.unknown", name=repr(name), names=", ".join(EXERCISES)))
     return grade(EXERCISES[name], fn, timeout=timeout)
+
+
+class ExerciseFailed(AssertionError):
+    """A verdict that did not pass, raised by assert_passes; its message is the verdict."""
+
+    def __init__(self, result: Result):
+        super().__init__(f"{result.name}: {result}")
+        self.result = result
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for it: the verdict alone, no traceback (its frames are the grader's, not yours)."""
+        return str(self).splitlines()
+
+
+def assert_passes(name: str, fn: Callable, *, timeout: float | None = TIMEOUT) -> Result:
+    """check(name, fn), raising ExerciseFailed (an AssertionError) with the verdict as its message when it fails: a
+    graded assignment's test cell calls this (nbgrader gives a cell's points when it raises nothing), and the
+    verdict is the cell's whole error output, in the notebook and in the feedback nbgrader returns."""
+    with warnings.catch_warnings(record=True) as caught:   # nbgrader takes a cell's points for anything on stderr,
+        warnings.simplefilter("default")                    # a warning too: shown on stdout (once), it costs nothing
+        result = check(name, fn, timeout=timeout)
+    for warning in caught:
+        print(warnings.formatwarning(warning.message, warning.category, warning.filename, warning.lineno).strip())
+    if not result.passed:
+        raise ExerciseFailed(result)
+    return result
 
 
 def exercises(notebook: str | None = None) -> list[Exercise]:
@@ -105,4 +133,5 @@ def reveal(guess, answer, *, unit: str = "", close: float = 0.1) -> str:
     return t("exercises.reveal.wrong", guess=repr(guess), answer=shown)
 
 
-__all__ = ["Case", "EXERCISES", "Exercise", "Result", "check", "exercises", "gpt2_ranks", "reveal"]
+__all__ = ["Case", "EXERCISES", "Exercise", "ExerciseFailed", "Result", "assert_passes", "check", "exercises",
+           "gpt2_ranks", "reveal"]
