@@ -86,3 +86,23 @@ def test_pass_cost_draws_the_counts_it_is_given():
     per_pass, per_token = timed.axes[1].get_lines()
     np.testing.assert_allclose(per_token.get_ydata(), [20.0, 10.5, 6.0])   # ms per token = ms per pass / tokens
     assert list(per_pass.get_xdata()) == tokens
+
+
+@pytest.mark.parametrize("labels", [["<bos>", "法国", "的首", "都是", "什么", "？"],
+                                    ["狗[1/3]", "狗[2/3]", "狗[3/3]", "咬[1/3]", "咬[2/3]", "咬[3/3]", "人"]])
+def test_chinese_column_labels_stand_upright_without_overlapping(labels):
+    """Chinese turned on its side reads badly (issue 26): a heatmap's CJK column labels stay horizontal, in a font
+    small enough that no two of them overlap; labels without CJK longer than 2 characters still stand on their side."""
+    from llmwalk.viz._draw import heatmap, new_figure
+    fig = new_figure(3.6, 3.0)                      # at 10 points, seven labels like 狗[1/3] would overlap here
+    ax = fig.subplots()
+    heatmap(ax, np.zeros((len(labels), len(labels))), labels, labels)
+    FigureCanvasAgg(fig).draw()
+    ticks = ax.get_xticklabels()
+    assert [tick.get_rotation() for tick in ticks] == [0] * len(labels)
+    boxes = [tick.get_window_extent() for tick in ticks]
+    assert all(a.x1 <= b.x0 for a, b in zip(boxes, boxes[1:])), [(b.x0, b.x1) for b in boxes]
+    fig = new_figure(4.5, 3.5)
+    ax = fig.subplots()
+    heatmap(ax, np.zeros((3, 3)), ["The", " capital", " of"], ["a", "b", "c"])
+    assert {tick.get_rotation() for tick in ax.get_xticklabels()} == {90}

@@ -52,6 +52,8 @@ The exercises, by notebook (tensors are float32 unless said otherwise):
         one decoding step: append the new key/value, then attend from the new query to all S + 1 positions
 08_cost
     kv_cache_bytes(n_layer, n_kv_head, d_head, T, bytes_per_number) -> int
+    token_flops(n_layer, d_model, n_head, n_kv_head, d_head, d_ff, vocab_size, context) -> int
+        the matrix products of one new token with a KV cache (gated FFN, grouped-query attention, LM head once)
 09_the_journey
     next_token_logits(weights: Weights, config: Config, ids: [T] int64) -> [vocab]
         the whole chain: embedding, every layer (causal mask, RoPE), final norm, LM head at the last position

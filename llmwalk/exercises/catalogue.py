@@ -17,6 +17,7 @@ from .. import (Block, Config, Linear, Model, Norm, Weights, apply_rope, apply_t
                 ffn, forward, gpt2_config, gpt2_tokenizer, greedy, kv_cache_bytes, layer_norm, lm_head, load_model,
                 norm, rms_norm, rope_angles, softmax, token_embedding, top_k_filter, top_p_filter)
 from ..attribution import direct_parts
+from ..cost import decode_step_flops, matmul_flops
 from ..i18n import t
 from ..prompts import PROMPT
 from ..quantize import quantize_tensor
@@ -639,6 +640,44 @@ def _kv_bytes_diagnose(case: Case, expected, got) -> str | None:
     return None
 
 
+def _token_flops_reference(n_layer: int, d_model: int, n_head: int, n_kv_head: int, d_head: int, d_ff: int,
+                           vocab_size: int, context: int) -> int:
+    """cost.py's count of one decoding step, matrix products only (what torch's FlopCounterMode sees)."""
+    config = replace(gpt2_config(), family="llama", n_layer=n_layer, d_model=d_model, n_head=n_head,
+                     n_kv_head=n_kv_head, d_head=d_head, d_ff=d_ff, vocab_size=vocab_size, norm="rmsnorm",
+                     position="rope", ffn="swiglu")
+    return matmul_flops(decode_step_flops(config, context))
+
+
+def _token_flops_cases() -> list[Case]:
+    weights = t("exercises.token_flops.hint.weights")
+    return [Case(t("exercises.token_flops.case.tiny"), (1, 8, 2, 2, 4, 16, 10, 2), weights),
+            Case(t("exercises.token_flops.case.smollm2_9"), (30, 576, 9, 3, 64, 1536, 49152, 9),
+                 t("exercises.token_flops.hint.gqa")),
+            Case(t("exercises.token_flops.case.smollm2_4096"), (30, 576, 9, 3, 64, 1536, 49152, 4096),
+                 t("exercises.token_flops.hint.context")),
+            Case(t("exercises.token_flops.case.gemma"), (18, 640, 4, 1, 256, 2048, 262144, 9),
+                 t("exercises.token_flops.hint.q_width")),
+            Case(t("exercises.token_flops.case.llama"), (32, 4096, 32, 32, 128, 11008, 32000, 1024), weights)]
+
+
+def _token_flops_diagnose(case: Case, expected, got) -> str | None:
+    if isinstance(got, float):
+        return t("exercises.token_flops.hint.int")
+    if not isinstance(got, int) or isinstance(got, bool):
+        return None
+    L, d, h, kv, dh, ff, vocab, s = case.args
+    wrong = [(expected / 2, t("exercises.token_flops.hint.factor_2")),
+             (expected - 4 * L * h * dh * s, t("exercises.token_flops.hint.no_attention")),
+             (expected - 4 * L * h * dh, t("exercises.token_flops.hint.itself")),
+             (expected - 4 * L * (h - kv) * dh * s, t("exercises.token_flops.hint.kv_scores")),
+             (expected + 4 * L * d * (h - kv) * dh, t("exercises.token_flops.hint.no_gqa")),
+             (expected - 2 * L * d * ff, t("exercises.token_flops.hint.two_ffn")),
+             (expected - 2 * d * vocab, t("exercises.token_flops.hint.no_head")),
+             (expected + 4 * L * d * (d - h * dh), t("exercises.token_flops.hint.square_q"))]
+    return next((hint for value, hint in wrong if value != expected and got == value), None)
+
+
 # ---------------------------------------------------------------- 09 the journey
 
 # A SmolLM2 in miniature (RMSNorm, RoPE, grouped-query attention, SwiGLU, tied head) with random weights: every link
@@ -917,4 +956,8 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
     Exercise("int8_quantize", "deep_dives/quantization",
              "int8_quantize(w: [d_in, d_out]) -> (codes: int8 [d_in, d_out], scales: [d_out])",
              ("w",), 10, _int8_reference, _int8_cases, _int8_diagnose),
+    Exercise("token_flops", "08_cost",
+             "token_flops(n_layer, d_model, n_head, n_kv_head, d_head, d_ff, vocab_size, context) -> int",
+             ("n_layer", "d_model", "n_head", "n_kv_head", "d_head", "d_ff", "vocab_size", "context"), 15,
+             _token_flops_reference, _token_flops_cases, _token_flops_diagnose),
 ]}

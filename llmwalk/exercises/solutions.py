@@ -166,3 +166,12 @@ def int8_quantize(w: Tensor) -> tuple[Tensor, Tensor]:
     top = w.abs().amax(dim=0)                                         # [d_out]: one scale per output column
     scales = torch.where(top > 0, top / 127, torch.ones_like(top))    # a column of zeros: any scale will do
     return torch.round(w / scales).to(torch.int8), scales
+
+
+def token_flops(n_layer: int, d_model: int, n_head: int, n_kv_head: int, d_head: int, d_ff: int, vocab_size: int,
+                context: int) -> int:
+    """The matrix products of one new token, the earlier context − 1 positions' keys and values cached."""
+    q, kv = n_head * d_head, n_kv_head * d_head
+    matrices = d_model * q + 2 * d_model * kv + q * d_model + 3 * d_model * d_ff    # W_q, W_k, W_v, W_o; gate, up, down
+    attention = 2 * n_head * d_head * context                                          # q·k per key, then Σ w·v
+    return n_layer * (2 * matrices + 2 * attention) + 2 * d_model * vocab_size       # 2 FLOPs per multiply-add

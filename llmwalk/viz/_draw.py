@@ -70,12 +70,37 @@ def every_nth(names: Sequence[str], most: int = MAX_TICKS) -> tuple[range, list[
     return range(0, len(names), step), list(names[::step])
 
 
+def _wide(label: str) -> bool:
+    """True if the label holds a CJK (east-Asian wide) character: such a label turned on its side reads badly."""
+    return any(unicodedata.east_asian_width(c) in "WF" for c in label)
+
+
+def set_xticks(ax, positions, labels: Sequence[str], fontsize: float = 10) -> None:
+    """Column labels: labels longer than 2 characters stand on their side, except labels with Chinese (or other
+    wide) characters, which stay upright in a font small enough to fit their column; only when even 6 points would
+    not fit do they turn too. A wide character is counted as 1 em, any other as 0.6 em."""
+    labels = list(labels)
+    if max(map(len, labels), default=0) <= 2:
+        ax.set_xticks(positions, labels)
+        return
+    if not any(map(_wide, labels)):
+        ax.set_xticks(positions, labels, rotation=90)
+        return
+    column = ax.get_position().width * ax.figure.get_figwidth() / max(1, len(labels))       # inches per label
+    ems = max(sum(1.0 if unicodedata.east_asian_width(c) in "WF" else 0.6 for c in s) for s in labels)
+    size = min(fontsize, 0.9 * column * 72 / ems)
+    if size >= 6:
+        ax.set_xticks(positions, labels, fontsize=size)
+    else:
+        ax.set_xticks(positions, labels, rotation=90)
+
+
 def heatmap(ax, values, xlabels: Sequence[str], ylabels: Sequence[str], cmap: str = "viridis",
             vmin: float | None = None, vmax: float | None = None, colorbar: str | None = None):
     """Matrix as colours with a label on every row and column (every n-th past MAX_TICKS); returns the image."""
     im = ax.imshow(np.asarray(values, dtype=float), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto",
                    interpolation="nearest")
-    ax.set_xticks(*every_nth(xlabels), rotation=90 if max(map(len, xlabels), default=0) > 2 else 0)
+    set_xticks(ax, *every_nth(xlabels))
     ax.set_yticks(*every_nth(ylabels))
     ax.tick_params(length=0)
     if colorbar is not None:

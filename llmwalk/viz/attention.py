@@ -13,7 +13,13 @@ from matplotlib.figure import Figure
 
 from ..i18n import t
 from ..layers import attention_scores, causal_mask
+<<<<<<< HEAD
 from ._draw import cell_text, every_nth, heatmap, labels, new_figure
+||||||| 35b47ce
+from ._draw import cell_text, every_nth, heatmap, labels, new_figure, show_piece
+=======
+from ._draw import cell_text, every_nth, heatmap, labels, new_figure, set_xticks, show_piece
+>>>>>>> wt-read_en
 
 NUMBERS_UP_TO = 14        # tokens: a grid this small gets each weight written in its cell
 ROWS_UP_TO = 30           # tokens: attention_step writes each row's value next to its bar up to this many keys
@@ -122,7 +128,8 @@ def _step_axes(fig: Figure, names: Sequence[str], s: int, d_head: int) -> None:
         for j in y:
             ax_s.text(0, j, t("viz.attention.future"), va="center", fontsize=8, color="#777")
             ax_w.text(0, j, "", va="center", fontsize=8)
-    ax_w.set_xlim(0, 1.25)
+    ax_w.set_xlim(0, 1.25)                 # room for the value written after a bar; a weight is at most 1
+    ax_w.set_xticks([0, 0.5, 1])
     for ax, title in ((ax_s, t("viz.attention.step_score")), (ax_w, t("viz.attention.step_softmax"))):
         ax.set_yticks(*every_nth(names))
         ax.set_ylim(s - 0.5, -0.5)                                                    # first token on top
@@ -213,7 +220,7 @@ def attention_heads(trace, tokenizer, layer: int = 0) -> Figure:
             continue
         im = _attention(ax, w[h], names, numbers=False)
         if len(names) > PANEL_TICKS:
-            ax.set_xticks(*every_nth(names, PANEL_TICKS), rotation=90)
+            set_xticks(ax, *every_nth(names, PANEL_TICKS), fontsize=7)
             ax.set_yticks(*every_nth(names, PANEL_TICKS))
         ax.set_title(t("viz.attention.head", head=h), fontsize=9)
         ax.tick_params(labelsize=7)
