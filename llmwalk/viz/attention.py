@@ -13,13 +13,7 @@ from matplotlib.figure import Figure
 
 from ..i18n import t
 from ..layers import attention_scores, causal_mask
-<<<<<<< HEAD
-from ._draw import cell_text, every_nth, heatmap, labels, new_figure
-||||||| 35b47ce
-from ._draw import cell_text, every_nth, heatmap, labels, new_figure, show_piece
-=======
-from ._draw import cell_text, every_nth, heatmap, labels, new_figure, set_xticks, show_piece
->>>>>>> wt-read_en
+from ._draw import cell_text, every_nth, heatmap, labels, new_figure, set_xticks
 
 NUMBERS_UP_TO = 14        # tokens: a grid this small gets each weight written in its cell
 ROWS_UP_TO = 30           # tokens: attention_step writes each row's value next to its bar up to this many keys
