@@ -193,6 +193,15 @@ def test_a_teachers_own_config_is_kept(tmp_path):
     assert 'lw.set_language("zh")' in _cells(notebook)["setup"]["source"]
 
 
+def test_each_chapter_is_one_section_and_every_cell_id_is_unique():
+    """nbgrader refuses a notebook whose grade ids repeat: a chapter's exercises must sit under one heading."""
+    cells = assignments.assignment()["cells"]
+    ids = [cell["metadata"]["nbgrader"]["grade_id"] for cell in cells]
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    chapters = [i for i in ids if i.startswith("chapter_")]
+    assert len(chapters) == len({ex.notebook for ex in EXERCISES.values()})
+
+
 def test_an_unknown_notebook_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="no exercises for 10_nothing: choose among 02_tokenization"):
         assignments.assignment(notebooks=["10_nothing"])

@@ -36,6 +36,7 @@ def walk(smollm2):
     other = lw.forward(smollm2, trace.ids.flip(0))                     # the same tokens in another order
     paris, berlin = tok.token_id(" Paris"), tok.token_id(" Berlin")
     return dict(model=smollm2, tok=tok, trace=trace, other=other, tokens=[paris, berlin],
+                seconds=lw.timed_forward(smollm2, trace.ids)[1],
                 generation=generate(smollm2, PROMPT, max_new_tokens=3, seed=0),
                 journey=lw.journey(smollm2, PROMPT, max_new_tokens=3))
 
@@ -86,7 +87,7 @@ PLOTS = {   # name: the plot drawn from `walk` (every public plot function of ll
     "error_histogram": lambda w: viz.error_histogram(torch.randn(1000, generator=torch.Generator().manual_seed(0))),
     "speculative_timeline": lambda w: viz.speculative_timeline([{"proposed": [" a", " b"], "accepted": 1,
                                                                  "extra": " c"}]),
-    "stage_timeline": lambda w: viz.stage_timeline({"tokenize": 0.001, **w["trace"].seconds}),
+    "stage_timeline": lambda w: viz.stage_timeline({"tokenize": 0.001, **w["seconds"]}),
     "pass_cost": lambda w: viz.pass_cost([1, 2, 4], [1e8, 2e8, 4e8], [5e8, 5e8, 5e8], [0.01, 0.01, 0.012]),
 }
 WIDGETS = {  # name: the widget built from `walk`
@@ -165,7 +166,7 @@ def test_chinese_tables_and_widget_messages(walk):
 def test_stage_names_in_cost_figures_speak_chinese(walk):
     """The FLOPs bars and the stage timeline name every stage in Chinese (the code keeps its identifiers)."""
     stages = flops_by_stage(walk["model"].config, 9)
-    seconds = {"tokenize": 1e-3, **walk["trace"].seconds, "softmax": 1e-4, "pick a token": 1e-4}
+    seconds = {"tokenize": 1e-3, **walk["seconds"], "softmax": 1e-4, "pick a token": 1e-4}
     for build in (lambda: viz.flops_bars(stages), lambda: viz.stage_timeline(seconds)):
         en, zh = ([label.get_text() for label in in_language(language, build).axes[0].get_yticklabels()]
                   for language in ("en", "zh"))

@@ -943,6 +943,10 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
     Exercise("kv_cache_bytes", "08_cost", "kv_cache_bytes(n_layer, n_kv_head, d_head, T, bytes_per_number) -> int",
              ("n_layer", "n_kv_head", "d_head", "T", "bytes_per_number"), 5, _kv_bytes_reference, _kv_bytes_cases,
              _kv_bytes_diagnose),
+    Exercise("token_flops", "08_cost",
+             "token_flops(n_layer, d_model, n_head, n_kv_head, d_head, d_ff, vocab_size, context) -> int",
+             ("n_layer", "d_model", "n_head", "n_kv_head", "d_head", "d_ff", "vocab_size", "context"), 15,
+             _token_flops_reference, _token_flops_cases, _token_flops_diagnose),
     Exercise("next_token_logits", "09_the_journey", "next_token_logits(weights: Weights, config: Config, ids: [T] int64) "
              "-> logits [vocab] of the token after ids", ("weights", "config", "ids"), 30, _next_token_reference,
              _next_token_cases, _next_token_diagnose, rtol=1e-4, atol=1e-4),
@@ -956,8 +960,4 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
     Exercise("int8_quantize", "deep_dives/quantization",
              "int8_quantize(w: [d_in, d_out]) -> (codes: int8 [d_in, d_out], scales: [d_out])",
              ("w",), 10, _int8_reference, _int8_cases, _int8_diagnose),
-    Exercise("token_flops", "08_cost",
-             "token_flops(n_layer, d_model, n_head, n_kv_head, d_head, d_ff, vocab_size, context) -> int",
-             ("n_layer", "d_model", "n_head", "n_kv_head", "d_head", "d_ff", "vocab_size", "context"), 15,
-             _token_flops_reference, _token_flops_cases, _token_flops_diagnose),
 ]}
