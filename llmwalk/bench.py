@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .accuracy import eval_ids
+from .accuracy import eval_ids, eval_text
 from .generation import Generation, decoding_head, generate
 from .models import DEFAULT_MODEL, REGISTRY, Model, cache_dir, load_model
 from .prompts import PROMPT, SPECULATIVE_PROMPTS

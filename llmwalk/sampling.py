@@ -97,7 +97,7 @@ def top_p_filter(logits: Tensor, p: float) -> Tensor:
     sorted_logits, order = logits.sort(dim=-1)
     probs, order = sorted_logits.softmax(dim=-1).flip(-1), order.flip(-1)
     above = probs.cumsum(dim=-1) - probs                 # mass of the tokens ranked above; 0 for the top token
-    remove = above >= p
+    remove = above >= float(p)                           # float(): a tensor cannot compare with a Fraction
     return logits.masked_fill(remove.scatter(-1, order, remove), NEG_INF)   # back to vocabulary order
 
 
@@ -107,7 +107,7 @@ def min_p_filter(logits: Tensor, p: float) -> Tensor:
     logits = _checked(logits)
     probs = logits.softmax(dim=-1)
     # p <= 1 makes p * max <= max exactly, so the top token always survives without transformers' topk re-keep.
-    remove = probs < p * probs.amax(dim=-1, keepdim=True)
+    remove = probs < float(p) * probs.amax(dim=-1, keepdim=True)
     return logits.masked_fill(remove, NEG_INF)
 
 

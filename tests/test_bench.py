@@ -124,7 +124,7 @@ def test_bench_prefill_ratio_is_theirs_over_ours(run_bench, monkeypatch):
         return lambda *args: lambda: (per_token * len(args[1]) * (10 if next(slow) else 1), [])
     monkeypatch.setattr(bench, "llmwalk_run", fake(0.001))
     monkeypatch.setattr(bench, "transformers_run", fake(0.003))
-    monkeypatch.setattr(bench, "prompt_ids", lambda model, n: list(range(n)))
+    monkeypatch.setattr(bench, "eval_ids", lambda model, n: list(range(n)))
     out = run_bench("prefill", "--prompt-lengths", "12", "8", "--repeats", "3", "--threads", "1")
     rows = [line for line in out if re.match(r"\s+\d+ \|", line)]
     assert rows == ["     8 |     0.008          0.024 |  3.00x", "    12 |     0.012          0.036 |  3.00x"]

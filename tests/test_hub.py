@@ -25,7 +25,7 @@ import nbformat
 import pytest
 import requests
 
-from llmwalk import classroom, models
+from llmwalk import classroom, model_cache, models
 from markers import gemma_installed
 
 pytest.importorskip("jupyterhub", reason="the class server test needs the classroom extra: pip install -e '.[classroom]'")
@@ -77,7 +77,7 @@ def read_only_cache(tmp_path_factory):
     for name in names:
         src = models.REGISTRY[name]
         entry = models.cache_dir() / f"{name}-{src.sha256[:12]}-v{models.CONVERTER_VERSION}"
-        if not (entry / models.MANIFEST).exists():
+        if not (entry / model_cache.MANIFEST).exists():
             models.load_model(name, progress=False)          # convert it in the test cache first
         shutil.copytree(entry, cache / entry.name)
     for p in sorted([cache, *cache.rglob("*")], reverse=True):
