@@ -182,7 +182,7 @@ def article_estimate(config: Config, prompt_len: int = 9, new_tokens: int = 50) 
             "flops_answer_no_cache": generation_flops(config, prompt_len, new_tokens, kv_cache=False)}
 
 
-def counted(fn: Callable[[], R]) -> tuple[int, R]:
+def count_flops(fn: Callable[[], R]) -> tuple[int, R]:
     """(FLOPs torch counts while fn runs, what fn returns), by torch.utils.flop_counter.FlopCounterMode.
 
     FlopCounterMode counts matrix products only (mm, bmm, addmm, ...: 2 per multiply-add); norms, softmax,
@@ -197,12 +197,12 @@ def counted(fn: Callable[[], R]) -> tuple[int, R]:
 
 def measured_flops(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None = None,
                    last_only: bool = False) -> int:
-    """FLOPs torch counts while llmwalk's `forward` runs once (`counted`), on the readable path.
+    """FLOPs torch counts while llmwalk's `forward` runs once (`count_flops`), on the readable path.
 
     record=True: the unrecorded fast path hands attention to torch's fused kernel, whose products
     FlopCounterMode does not count; the readable path computes the same numbers with plain matrix products.
     """
-    return counted(lambda: forward(model, ids, cache=cache, record=True, last_only=last_only))[0]
+    return count_flops(lambda: forward(model, ids, cache=cache, record=True, last_only=last_only))[0]
 
 
 def _prefilled(model: "Model", ids: Sequence[int]) -> KVCache:
@@ -226,8 +226,8 @@ def kv_cache_check(model: "Model", ids: Sequence[int]) -> dict:
     ids = list(ids)
     cache = _prefilled(model, ids)
     # record=True: the readable path, whose products torch's counter sees (measured_flops)
-    cached, a = counted(lambda: forward(model, ids[-1:], cache, last_only=True).logits[-1])
-    full, b = counted(lambda: forward(model, ids, last_only=True).logits[-1])
+    cached, a = count_flops(lambda: forward(model, ids[-1:], cache, last_only=True).logits[-1])
+    full, b = count_flops(lambda: forward(model, ids, last_only=True).logits[-1])
     return {"context": len(ids), "flops_cached": cached, "flops_recomputed": full,
             "max_logit_diff": float((a - b).abs().max()), "same_token": int(a.argmax()) == int(b.argmax()),
             "cache_bytes": cache.nbytes()}

@@ -5,6 +5,7 @@ PROMPT = "The capital of France is"              # the English completion the se
 ANSWER = " Paris"                                # ... the token it should continue with (one token, space included)
 QUESTION = "法国的首都是什么"                      # the article's question, as printed ("What is the capital of France")
 ENGLISH_QUESTION = "What is the capital of France?"   # the same question in English (SmolLM2 answers it and stops)
+GEMMA_QUESTION = QUESTION + "？\n"                # Gemma-3-270M is a base model: the question, its mark and a line break
 
 # Speculative decoding's prompts, (text, chat): answers that copy their prompt (a sentence to repeat, code to edit),
 # and one with nothing to copy.

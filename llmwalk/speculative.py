@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 # ---------------------------------------------------------------- the rule
 
-def draw(weights: Tensor, generator: torch.Generator | None = None) -> int:
+def draw_token(weights: Tensor, generator: torch.Generator | None = None) -> int:
     """One token id, with probability proportional to its weight.  # [vocab] -> int
 
     No random number is used when a single token is possible (greedy, a deterministic draft): temperature 0
@@ -79,9 +79,9 @@ def speculative_sample(p: Tensor, q: Tensor, generator: torch.Generator | None =
     (p − q)⁺(x) = p(x). `accept` (the rule, same signature as speculative_accept) is there to try a wrong one.
     # [V], [V] -> int
     """
-    x = draw(q, generator)
+    x = draw_token(q, generator)
     accepted, rest = accept(p, q, x, float(torch.rand((), generator=generator)))
-    return x if accepted else draw(rest, generator)
+    return x if accepted else draw_token(rest, generator)
 
 
 def acceptance_rate(p: Tensor, q: Tensor) -> Tensor:
@@ -143,8 +143,8 @@ def verify(p_target: Tensor, p_draft: Tensor | None, drafted: Sequence[int],
         u = float(torch.rand((), generator=generator)) if 0 < ratio < 1 else 0.0
         accepted, rest = speculative_accept(p_target[i], q[i], x, u)
         if not accepted:
-            return i, draw(rest, generator)
-    return k, draw(p_target[k], generator)
+            return i, draw_token(rest, generator)
+    return k, draw_token(p_target[k], generator)
 
 
 # ---------------------------------------------------------------- drafts
@@ -228,7 +228,7 @@ class ModelDraft(Draft):
         for _ in range(k):
             logits = forward(self.model, new, self.cache, record=False, last_only=True).logits[0]
             rows.append(sampler.probs(logits))
-            ids.append(draw(rows[-1], generator))
+            ids.append(draw_token(rows[-1], generator))
             new = ids[-1:]
         return Proposal(ids, torch.stack(rows) if rows else None, k)
 

@@ -264,7 +264,7 @@ def _bounded_join(sep: str, items) -> str:
 @jinja2.pass_environment
 def _bounded_sum(env, iterable, attribute=None, start=0):
     """The `sum` filter, its work counted first: adding lists or tuples copies every prefix."""
-    items = [x if attribute is None else jinja2.filters.make_attrgetter(env, attribute)(x) for x in _counted(iterable)]
+    items = [x if attribute is None else jinja2.filters.make_attrgetter(env, attribute)(x) for x in _spend_per_item(iterable)]
     running, work = _size(start), 0
     for x in items:
         running += _size(x)
@@ -273,7 +273,7 @@ def _bounded_sum(env, iterable, attribute=None, start=0):
     return jinja2.filters.sync_do_sum(env, items, start=start)
 
 
-def _counted(items):
+def _spend_per_item(items):
     """A for loop's iterable, one iteration counted per item (nested loops multiply)."""
     for x in items:
         _spend(iterations=1)
@@ -311,11 +311,11 @@ def _bounded_filter(f, cost):
 
 
 class _CountLoops(jinja2.visitor.NodeTransformer):
-    """Rewrites `{% for x in it %}` as a loop over _counted(it), and `a ~ b` as a bounded join."""
+    """Rewrites `{% for x in it %}` as a loop over _spend_per_item(it), and `a ~ b` as a bounded join."""
 
     def visit_For(self, node):
         self.generic_visit(node)
-        node.iter = jinja2.nodes.Call(jinja2.nodes.EnvironmentAttribute("counted"), [node.iter], [], None, None,
+        node.iter = jinja2.nodes.Call(jinja2.nodes.EnvironmentAttribute("spend_per_item"), [node.iter], [], None, None,
                                       lineno=node.lineno)
         return node
 
@@ -330,7 +330,7 @@ class _BoundedSandbox(jinja2.sandbox.ImmutableSandboxedEnvironment):
     """Jinja's immutable sandbox, plus a budget every operator, call, filter and loop of the template pays into."""
 
     intercepted_binops = frozenset({"*", "**", "%", "+"})
-    counted = staticmethod(_counted)
+    spend_per_item = staticmethod(_spend_per_item)
     concat = staticmethod(functools.partial(_bounded_join, ""))   # `~`; what macros, {% set %}, {% filter %} capture
 
     def _parse(self, source, name, filename):

@@ -9,6 +9,7 @@ Only two parts of the recipe are replaced: the authenticator (DummyAuthenticator
 (SimpleLocalProcessSpawner runs every student as the current user; it does not enforce the recipe's mem_limit or
 cpu_limit, which SystemdSpawner enforces on a real server)."""
 import asyncio
+import concurrent.futures
 import json
 import os
 import shutil
@@ -304,7 +305,10 @@ def test_four_students_run_a_notebook_at_once_through_the_hub(tmp_path, read_onl
         async def the_class():
             return await asyncio.gather(*(run_notebook(hub, name, tokens[name]) for name in STUDENTS))
 
-        for name, (nb, outputs) in zip(STUDENTS, asyncio.run(the_class())):
+        # In a thread of its own: an earlier test in this worker may have left an event loop running in this one.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            results = pool.submit(asyncio.run, the_class()).result()
+        for name, (nb, outputs) in zip(STUDENTS, results):
             cells = [cell for cell in nb.cells if cell.cell_type == "code"]
             for i, (cell, got) in enumerate(zip(cells, outputs)):
                 if compared(cell):

@@ -2,7 +2,6 @@
 installs from it with no network at all, then runs a notebook whose outputs equal the stored ones."""
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path

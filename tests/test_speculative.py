@@ -12,7 +12,7 @@ from llmwalk.generation import generate
 from llmwalk.head import logit_lens
 from llmwalk.accuracy import compare_to_fp32, eval_text
 from llmwalk.quantize import quantize_model
-from llmwalk.speculative import (Draft, EarlyExitDraft, ModelDraft, PromptLookupDraft, draw, early_exit_model,
+from llmwalk.speculative import (Draft, EarlyExitDraft, ModelDraft, PromptLookupDraft, draw_token, early_exit_model,
                                  lookup, speculative_generate, verify)
 
 # (text, chat): an answer that copies its prompt (ending in EOS, which prompt lookup proposes together with the
@@ -101,9 +101,9 @@ def test_verify_rejects_mismatched_shapes():
 
 
 def test_draw_is_deterministic_on_a_single_token():
-    assert draw(torch.tensor([0.0, 0.0, 0.7, 0.0])) == 2
+    assert draw_token(torch.tensor([0.0, 0.0, 0.7, 0.0])) == 2
     g = torch.Generator().manual_seed(0)
-    assert {draw(torch.tensor([0.0, 2.0, 2.0]), g) for _ in range(50)} == {1, 2}      # unnormalized weights are fine
+    assert {draw_token(torch.tensor([0.0, 2.0, 2.0]), g) for _ in range(50)} == {1, 2}      # unnormalized weights are fine
 
 
 # ---------------------------------------------------------------- prompt lookup

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 SECTION = "七"
 QUESTION = prompts.QUESTION                 # SmolLM2: through its chat template
-GEMMA_PROMPT = "法国的首都是什么？\n"         # Gemma-3-270M is a base model: a plain question and a new line
+GEMMA_PROMPT = prompts.GEMMA_QUESTION        # Gemma-3-270M: no chat template, it answers on the next line
 ENGLISH = prompts.ENGLISH_QUESTION           # SmolLM2 answers this one in one sentence and stops
 ARTICLE_ROUNDS = ("巴", "黎", "。", "[EOS]")
 ROUNDS = 16                                  # rounds shown for the Chinese question

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SECTION = "五"
 PROMPT, ANSWER = prompts.PROMPT, prompts.ANSWER
 QUESTION = prompts.QUESTION                       # the article's question, as printed
-GEMMA_QUESTION = "法国的首都是什么？\n"              # with its question mark and a line break: Gemma answers on the next line
+GEMMA_QUESTION = prompts.GEMMA_QUESTION          # Gemma answers on the next line
 GEMMA_PREFIX = "法国的首都是"                       # "The capital of France is", in Chinese
 GEMMA_ANSWER_START = ("法国", "的", "首都", "是")   # how Gemma-3 greedily begins its answer (tests check it)
 PARIS, BEIJING = ("巴黎", "巴"), ("北京", "北")      # the word and its first character

@@ -94,23 +94,23 @@ def temperature_study(model: "Model", prompt: str, *, temperatures: Sequence[flo
                       max_new_tokens: int) -> list[SampledAnswer]:
     """Answer a chat prompt at every temperature with every seed (no top-k/top-p: temperature alone)."""
     head, runs = decoding_head(model), []
-    for t in temperatures:
+    for temp in temperatures:
         for seed in seeds:
-            g = generate(model, prompt, max_new_tokens, temperature=t, seed=seed, chat=True, head=head)
+            g = generate(model, prompt, max_new_tokens, temperature=temp, seed=seed, chat=True, head=head)
             # log p of each new token under the plain model, from one forward pass over prompt and answer
             lp = -float(token_nll(log_probs(model, g.ids), g.ids)[len(g.prompt_ids) - 1:].mean())
-            runs.append(SampledAnswer(t, seed, g.text, tuple(g.new_ids), g.stopped, lp))
+            runs.append(SampledAnswer(temp, seed, g.text, tuple(g.new_ids), g.stopped, lp))
     return runs
 
 
 def study_summary(runs: Sequence[SampledAnswer]) -> dict[float, dict[str, float]]:
     """Per temperature: distinct-2 over its answers (variety), mean log p (naturalness), identical answers."""
     out = {}
-    for t in dict.fromkeys(r.temperature for r in runs):
-        group = [r for r in runs if r.temperature == t]
-        out[t] = {"distinct_2": distinct_n([r.new_ids for r in group], 2),
-                  "mean_logprob": sum(r.mean_logprob for r in group) / len(group),
-                  "all_identical": float(len({r.new_ids for r in group}) == 1)}
+    for temp in dict.fromkeys(r.temperature for r in runs):
+        group = [r for r in runs if r.temperature == temp]
+        out[temp] = {"distinct_2": distinct_n([r.new_ids for r in group], 2),
+                     "mean_logprob": sum(r.mean_logprob for r in group) / len(group),
+                     "all_identical": float(len({r.new_ids for r in group}) == 1)}
     return out
 
 
