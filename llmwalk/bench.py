@@ -609,9 +609,9 @@ def pass_seconds(model: Model, ids: Sequence[int], *, cached: int = 0, repeats: 
 
 
 def _step_products(model: Model) -> Callable[[], None]:
-    """The matrix products of one decoding step alone, in the order the step runs them, on random vectors."""
-    from .head import lm_head
-    from operator import matmul
+    """The matrix products of one decoding step alone, in the order the step runs them (fast.matvec, fast.lm_head,
+    as forward(record=False) runs them), on random vectors."""
+    from .fast import lm_head, matvec
     gen = torch.Generator().manual_seed(0)
     mats = [lin.weight for b in model.weights.blocks for lin in (b.attn_q, b.attn_k, b.attn_v, b.attn_output,
                                                                  b.ffn_gate, b.ffn_up, b.ffn_down) if lin is not None]
@@ -620,7 +620,7 @@ def _step_products(model: Model) -> Callable[[], None]:
 
     def run() -> None:
         for w, x in zip(mats, xs):
-            matmul(x, w)
+            matvec(x, w)
         lm_head(final, model.weights.output)
     return run
 

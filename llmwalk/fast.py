@@ -1,8 +1,9 @@
 """The fast path of passes that record nothing (generation): layers.py's maths in fewer, fused operations.
 
 forward(record=False) runs every block with FAST instead of layers.READABLE: torch's fused attention kernel (the
-[n_head, T, S] scores and their softmax are never stored), RMSNorm in one operation, RoPE on q and k at once, and one
-product for the linears that quantize_model(fuse=True) stored as one matrix. Each function here is tested equal to
+[n_head, T, S] scores and their softmax are never stored), RMSNorm in one operation, RoPE on q and k at once, one
+product for the linears that quantize_model(fuse=True) stored as one matrix, and a decoding step's matrix-vector
+products (and its LM head) split over torch's threads (matvec, lm_head). Each function here is tested equal to
 its readable twin in layers.py (tests/test_prefill.py), hooks included.
 """
 from __future__ import annotations
@@ -16,9 +17,55 @@ from torch import Tensor
 from . import layers
 from .embedding import apply_rope
 from .kv_cache import LayerCache
-from .layers import AttentionOut, Hook, Stages, gate, linear, merge_heads, no_hook, split_qkv
+from .layers import AttentionOut, Hook, Stages, gate, merge_heads, no_hook, split_qkv
 from .quantize import QuantizedTensor
 from .weights import Block, Config, Linear, Norm
+
+
+def matvec(x: Tensor, w: Tensor, parts: int | None = None) -> Tensor:
+    """x @ w for one row x, as `parts` products that torch runs on as many threads at once.
+
+    One token's x @ W is a matrix-vector product: it reads each weight once and does one multiply-add with it, so
+    memory bounds it. torch runs it on one thread (measured on a 2-core EPYC: one thread streams the weights at
+    ~15 GB/s, the same as with two, while a plain sum over both cores reads ~25 GB/s). Cutting W's rows into
+    `parts` blocks — W.view(parts, d_in / parts, d_out), a view of the same memory, no copy — makes it a batched
+    product, which torch splits over its threads: each thread reads its own block, and the partial products are
+    summed. The same multiply-adds, summed in another order: equal to x @ w up to float rounding (tested).
+    parts=None: torch's thread count, lowered to a divisor of d_in; 1, or a w that is not a contiguous float
+    matrix (a quantized one multiplies itself), is plain x @ w.  # ([1, d_in], [d_in, d_out]) -> [1, d_out]
+    """
+    if x.shape[0] != 1 or not isinstance(w, Tensor) or not w.is_contiguous() or x.dtype != w.dtype:
+        return x @ w
+    if parts is None:
+        parts = max(p for p in range(1, torch.get_num_threads() + 1) if w.shape[0] % p == 0)
+    if parts == 1 or w.shape[0] % parts:
+        return x @ w
+    d_in, d_out = w.shape
+    return torch.bmm(x.view(parts, 1, d_in // parts), w.view(parts, d_in // parts, d_out)).sum(0)
+
+
+def linear(x: Tensor, w: Linear) -> Tensor:
+    """layers.linear with matvec's threaded product for one token.  # [T, d_in] -> [T, d_out]"""
+    y = matvec(x, w.weight)
+    return y + w.bias if w.bias is not None else y
+
+
+def lm_head(x: Tensor, output: Tensor) -> Tensor:
+    """head.lm_head (x @ output.T) for one position, on as many threads as torch has.
+
+    output [vocab, d_model] stored row by row (the token table itself): its rows cut into one block of the
+    vocabulary per thread, one batched product; each logit is still one whole dot product (no partial sums).
+    Stored column by column (generation.decoding_head, output.T contiguous): matvec. Anything else: x @ output.T.
+    # [T, d_model] -> [T, vocab]
+    """
+    if x.shape[0] != 1 or not isinstance(output, Tensor) or not output.is_contiguous() or x.dtype != output.dtype:
+        return matvec(x, output.T)
+    vocab = output.shape[0]
+    parts = max(p for p in range(1, torch.get_num_threads() + 1) if vocab % p == 0)
+    if parts == 1:
+        return x @ output.T
+    blocks = output.view(parts, vocab // parts, -1).transpose(1, 2)             # (parts, d_model, vocab / parts)
+    return torch.bmm(x.expand(parts, 1, -1), blocks).view(1, vocab)
 
 
 def linears(x: Tensor, lins: Sequence[Linear]) -> list[Tensor]:
@@ -100,7 +147,8 @@ def ffn(x: Tensor, block: Block, config: Config) -> tuple[Tensor, Tensor]:
     # [T, d] -> ([T, d], [T, d_ff])
     """
     if config.ffn == "gelu":
-        return layers.ffn(x, block, config)
+        hidden = gate(config)(linear(x, block.ffn_up))
+        return linear(hidden, block.ffn_down), hidden
     g, up = linears(x, (block.ffn_gate, block.ffn_up))
     hidden = gate(config)(g) * up
     return linear(hidden, block.ffn_down), hidden

@@ -224,7 +224,7 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
         if record:
             layers.append(out)
     final = final_hook(norm(x[-1:] if last_only else x, w.output_norm, config))
-    logits = lm_head(final, w.output if head is None else head)
+    logits = (lm_head if record else fast.lm_head)(final, w.output if head is None else head)
     return Trace(ids, positions, tok, pos, x0, layers, final, logits, tuple(unchanged))
 
 

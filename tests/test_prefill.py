@@ -196,3 +196,91 @@ def test_fused_quantized_linears_are_the_readable_products(smollm2, bits):
     torch.testing.assert_close(fast.ffn(x, block, config)[0], layers.ffn(x, block, config)[0], atol=1e-4, rtol=1e-5)
     torch.testing.assert_close(attention_fast(x, block, config, None, rope).out,
                                attention(x, block, config, None, rope).out, atol=1e-4, rtol=1e-5)
+
+
+@pytest.fixture
+def two_threads():
+    """Two torch threads, as a learner's laptop has (the test run pins one): fast.matvec splits its products then."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _ops(fn) -> list[str]:
+    """The names of the torch operations fn dispatches."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Names(TorchDispatchMode):
+        seen: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    with Names() as names:
+        fn()
+    return names.seen
+
+
+@pytest.mark.parametrize("name", ["ffn_up", "ffn_down", "attn_k"])
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_matvec_is_x_at_w(smollm2, name, parts):
+    """fast.matvec cuts W's rows into `parts` blocks and sums the partial products: x @ W for one row, on SmolLM2's
+    real matrices of each shape ([576, 1536], [1536, 576], [576, 192]); a wrong cut (blocks of columns, a missing
+    sum, x's pieces in the wrong order) is far off."""
+    w = getattr(smollm2.weights.blocks[5], name).weight
+    x = torch.randn(1, w.shape[0], generator=torch.Generator().manual_seed(parts))
+    split = fast.matvec(x, w, parts)
+    torch.testing.assert_close(split, x @ w, atol=1e-5, rtol=1e-5)
+    assert _ops(lambda: fast.matvec(x, w, parts)).count("bmm") == 1
+    assert (fast.matvec(x.flip(1), w, parts) - x @ w).abs().amax() > 1e-2
+
+
+def test_matvec_falls_back_to_the_plain_product_where_it_cannot_cut(smollm2):
+    """Several rows (a prompt: a matrix product torch already threads), parts that do not divide d_in, one part,
+    or a quantized matrix: the plain x @ w, the same numbers exactly."""
+    w = smollm2.weights.blocks[0].ffn_up.weight                        # [576, 1536]
+    gen = torch.Generator().manual_seed(0)
+    x, xs = torch.randn(1, 576, generator=gen), torch.randn(3, 576, generator=gen)
+    for args in ((xs, w, 2), (x, w, 5), (x, w, 1)):
+        assert torch.equal(fast.matvec(*args), args[0] @ args[1])
+        assert "bmm" not in _ops(lambda: fast.matvec(*args))
+    q = lw.quantize_tensor(w, 8)
+    assert torch.equal(fast.matvec(x, q, 2), x @ q)
+
+
+def test_matvec_uses_torchs_threads(smollm2, two_threads):
+    """parts=None: as many blocks as torch has threads (here 2), so each thread reads its own block."""
+    w = smollm2.weights.blocks[0].ffn_up.weight
+    x = torch.randn(1, 576, generator=torch.Generator().manual_seed(0))
+    assert _ops(lambda: fast.matvec(x, w)).count("bmm") == 1
+    torch.set_num_threads(1)
+    assert "bmm" not in _ops(lambda: fast.matvec(x, w))
+
+
+@pytest.mark.parametrize("layout", ["token table", "decoding_head"])
+def test_fast_lm_head_is_lm_head(smollm2, two_threads, layout):
+    """fast.lm_head for one position, in both layouts generation uses (the token table itself, [vocab, d] row by
+    row, and generation.decoding_head's column-by-column copy): head.lm_head's logits, through one batched product."""
+    output = smollm2.weights.output if layout == "token table" else lw.decoding_head(smollm2)
+    x = torch.randn(1, smollm2.config.d_model, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(fast.lm_head(x, output), lw.lm_head(x, output), atol=1e-5, rtol=1e-5)
+    assert _ops(lambda: fast.lm_head(x, output)).count("bmm") == 1
+
+
+def test_threaded_greedy_decoding_is_the_readable_models_greedy_choice(smollm2, two_threads):
+    """Token for token: generate() with two threads (every product of a decoding step through fast.matvec, the LM
+    head through fast.lm_head) picks at each step the token one recorded, readable forward pass over the same text
+    ranks first, and its logits agree with that pass's."""
+    prompt = "The capital of France is"
+    g = lw.generate(smollm2, prompt, 16, head=lw.decoding_head(smollm2), chat=False)
+    readable = lw.forward(smollm2, g.prompt_ids + g.new_ids[:-1])
+    n = len(g.prompt_ids)
+    assert readable.logits[n - 1:].argmax(-1).tolist() == g.new_ids
+    cached = lw.KVCache.empty(smollm2.config, len(g.ids))
+    lw.forward(smollm2, g.prompt_ids, cached, record=False, last_only=True)
+    step = []
+    ops = _ops(lambda: step.append(lw.forward(smollm2, g.new_ids[:1], cached, record=False, last_only=True)))
+    assert ops.count("bmm") == 7 * smollm2.config.n_layer + 1 and "mm" not in ops
+    torch.testing.assert_close(step[0].logits[0], readable.logits[n], atol=1e-3, rtol=1e-4)
