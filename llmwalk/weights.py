@@ -71,6 +71,11 @@ class Config:
             raise ValueError(f"Config.global_layers {self.global_layers} must be layer indices in [0, {self.n_layer})")
 
     @property
+    def norm_name(self) -> str:
+        """The norm as papers write it: "LayerNorm" (GPT-2) or "RMSNorm" (Llama, Gemma)."""
+        return {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[self.norm]
+
+    @property
     def scale(self) -> float:
         """Factor applied to q·k before softmax: 1/sqrt(d_head) in every supported model."""
         return self.d_head ** -0.5

@@ -101,7 +101,8 @@ def test_per_token_structure_row(rows, smollm2):
     assert mine["layers"] == len(smollm2.weights.blocks) == 30
     assert mine["norms per layer"] == 2 and mine["final norm"] == 1
     assert mine["LM head"] == (576, 49152) == tuple(smollm2.weights.output.shape[::-1])
-    assert "18 rows for a 9-token prompt" in rows[3].measured
+    assert gpt2["norm"] == "LayerNorm" and mine["norm"] == "RMSNorm"               # as papers write them
+    assert "18 rows for a 9-token prompt" in rows[3].measured and "2 RMSNorms" in rows[3].measured
     assert rows[3].verdict == "≈ roughly"             # the layers match; look-ups and the final norm do not
     assert len(c8.structure_table(smollm2).rows) == len(gpt2)
 

@@ -58,6 +58,7 @@ def test_chain_every_link(smollm2, chain):
     assert J.chain_verdict(k) is Verdict.HOLDS
     shown = J.chain_table(smollm2, k)                                        # one row per link, every link named
     assert len(shown.rows) == len(k) == len(J.chain_links()) and shown.title.endswith("✓ holds")
+    assert dict(shown.rows)[J.chain_links()["full_stack"]] == "yes"              # a link that holds, in words
     first = answer.new_ids[0]
     assert dict(shown.rows)[J.chain_links()["first"]] == f"{smollm2.tokenizer.pieces([first])[0]!r} (id {first})"
 

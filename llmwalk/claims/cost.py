@@ -59,7 +59,7 @@ def structure(model: "Model | Config", prompt_len: int = PROMPT_LEN) -> dict[str
     if isinstance(model, Config):
         c = model
         return {"layers": c.n_layer, "embedding look-ups": cost.embedding_lookups(c, prompt_len),
-                "norms per layer": 4 if c.sandwich_norm else 2, "norm": c.norm, "attention per layer": 1,
+                "norms per layer": 4 if c.sandwich_norm else 2, "norm": c.norm_name, "attention per layer": 1,
                 "FFN per layer": 1, "final norm": 1, "LM head": (c.d_model, c.vocab_size),
                 "softmax + sampling per token": 1}
     trace = forward(model, prompt_ids(model, None if prompt_len == PROMPT_LEN else prompt_len))
@@ -67,7 +67,7 @@ def structure(model: "Model | Config", prompt_len: int = PROMPT_LEN) -> dict[str
     norms = {sum(getattr(b, name) is not None for name in LAYER_NORMS) for b in w.blocks}
     rows = trace.tok_emb.shape[0] + (0 if trace.pos_emb is None else trace.pos_emb.shape[0])
     return {"layers": len(trace.layers), "embedding look-ups": rows,
-            "norms per layer": norms.pop() if len(norms) == 1 else sorted(norms), "norm": model.config.norm,
+            "norms per layer": norms.pop() if len(norms) == 1 else sorted(norms), "norm": model.config.norm_name,
             "attention per layer": 1, "FFN per layer": 1,       # every BlockOut holds one attention and one FFN
             "final norm": int(w.output_norm is not None), "LM head": (trace.final.shape[-1], trace.logits.shape[-1]),
             "softmax + sampling per token": 1}       # generate draws one token from the last position's softmax

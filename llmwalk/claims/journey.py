@@ -193,7 +193,8 @@ def chain_table(model: "Model", check: dict) -> Table:
                                  id=i),
             "pass_lengths": listed}
     links = chain_links()
-    rows = [(links[k], show.get(k, lambda x: x)(v)) for k, v in check.items()]
+    as_is = lambda x: yes(x) if isinstance(x, bool) else x                                 # noqa: E731
+    rows = [(links[k], show.get(k, as_is)(v)) for k, v in check.items()]
     return table(rows, (t("claims.journey.chain_table.link"), t("claims.journey.chain_table.value")),
                  t("claims.journey.chain_table.title", verdict=chain_verdict(check)))
 

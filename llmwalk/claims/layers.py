@@ -188,7 +188,7 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
     L, rows = config.n_layer, []
 
     gap = article_layers_gap(model, trace)
-    norm_name = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[config.norm]
+    norm_name = config.norm_name
     extra = t("claims.layers.structure.sandwich") if config.sandwich_norm else ""
     rows.append(Claim(SECTION, t("claims.layers.structure.article"),
                       t("claims.layers.structure.measured", model=config.name, n_layer=L, gap=_bound(gap),

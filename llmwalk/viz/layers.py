@@ -86,7 +86,7 @@ def ffn_activations() -> Figure:
 def block_diagram(config: Config) -> Figure:
     """One pre-norm layer: the residual stream runs straight through; attention and the FFN each read a normalized
     copy of it and add their output back."""
-    norm = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}[config.norm]
+    norm = config.norm_name
     fig = Figure(figsize=(11, 2.7))             # one unit as wide as high: the ⊕ stays round
     ax = fig.add_axes((0, 0, 1, 1))
     ax.set(xlim=(0, 12.6), ylim=(0, 3.1))
