@@ -22,6 +22,11 @@ from .quantize import QuantizedTensor
 from .weights import Block, Config, Linear, Norm
 
 
+def thread_parts(n: int) -> int:
+    """Blocks to cut n rows into for torch's threads: the thread count, lowered to a divisor of n."""
+    return max(p for p in range(1, torch.get_num_threads() + 1) if n % p == 0)
+
+
 def matvec(x: Tensor, w: Tensor, parts: int | None = None) -> Tensor:
     """x @ w for one row x, as `parts` products that torch runs on as many threads at once.
 
@@ -37,7 +42,7 @@ def matvec(x: Tensor, w: Tensor, parts: int | None = None) -> Tensor:
     if x.shape[0] != 1 or not isinstance(w, Tensor) or not w.is_contiguous() or x.dtype != w.dtype:
         return x @ w
     if parts is None:
-        parts = max(p for p in range(1, torch.get_num_threads() + 1) if w.shape[0] % p == 0)
+        parts = thread_parts(w.shape[0])
     if parts == 1 or w.shape[0] % parts:
         return x @ w
     d_in, d_out = w.shape
@@ -61,7 +66,7 @@ def lm_head(x: Tensor, output: Tensor) -> Tensor:
     if x.shape[0] != 1 or not isinstance(output, Tensor) or not output.is_contiguous() or x.dtype != output.dtype:
         return matvec(x, output.T)
     vocab = output.shape[0]
-    parts = max(p for p in range(1, torch.get_num_threads() + 1) if vocab % p == 0)
+    parts = thread_parts(vocab)
     if parts == 1:
         return x @ output.T
     blocks = output.view(parts, vocab // parts, -1).transpose(1, 2)             # (parts, d_model, vocab / parts)
