@@ -36,7 +36,7 @@ class Memory:
     private_written_files: float    # pages of mapped files this process wrote (shared libraries' relocations: COW)
     private_clean_files: float  # file pages (libraries, weights) that no other process has mapped
     weights_mapped: float       # resident pages of the mapped safetensors files, shared or not
-    weights_shared: float       # of which other processes map too (Shared_Clean)
+    weights_shared: float       # of which other processes map too (Shared_Clean + Shared_Dirty)
     weights_written: float      # of which this process wrote: an in-place edit's private copy (Private_Dirty)
 
     @property
@@ -68,7 +68,9 @@ def memory(pid: int | str) -> Memory:
         sums["clean"] += private - written
         if path.endswith(WEIGHTS_SUFFIX):
             sums["w_rss"] += f.get("Rss", 0)
-            sums["w_shared"] += f.get("Shared_Clean", 0)
+            # Shared_Dirty too: a file copied moments ago has dirty page-cache pages until the kernel writes them back,
+            # mapped by every reader all the same (a page this process wrote is a private copy: Private_Dirty).
+            sums["w_shared"] += f.get("Shared_Clean", 0) + f.get("Shared_Dirty", 0)
             sums["w_dirty"] += f.get("Private_Dirty", 0)
     mb = {k: v / 1024 for k, v in sums.items()}
     return Memory(mb["pss"], mb["anon"], mb["written"], mb["clean"], mb["w_rss"], mb["w_shared"], mb["w_dirty"])

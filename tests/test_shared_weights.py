@@ -127,3 +127,32 @@ def test_loading_gemma_gives_back_the_heap_its_tokenizer_parse_freed():
                          env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert json.loads(out.stdout) < 20, f"{json.loads(out.stdout):.0f} MB of freed heap were kept after loading"
+
+
+MAP_AND_WAIT = r"""
+import mmap, sys
+with open(sys.argv[1], "rb") as f:
+    view = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
+sum(view[i] for i in range(0, len(view), 4096))           # touch every page
+print("mapped", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_file_copied_moments_ago_counts_as_shared(tmp_path):
+    """A class's cache is often written just before the kernels map it: its pages are still dirty in the page cache
+    (not yet written back), and they are one copy all the same. Counting only Shared_Clean called them unshared."""
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(os.urandom(16 * 2**20))             # dirty pages, no fsync
+    readers = [subprocess.Popen([sys.executable, "-c", MAP_AND_WAIT, str(weights)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        assert [r.stdout.readline().strip() for r in readers] == ["mapped", "mapped"]
+        for reader in readers:
+            mem = classroom.memory(reader.pid)
+            assert mem.weights_mapped > 15.9, mem
+            assert mem.weights_shared == mem.weights_mapped and mem.weights_written == 0, mem
+    finally:
+        for reader in readers:
+            reader.kill()
+            reader.wait()
