@@ -480,7 +480,7 @@ MAX_TOKENIZER_JSON_BYTES = 64_000_000     # Gemma-3's 262k-token tokenizer.json 
 MAX_CHAT_TEMPLATE_BYTES = 1_000_000       # real templates, tool use included, are under 50 kB
 
 
-def _return_freed_heap() -> None:
+def return_freed_heap() -> None:
     """Give the heap pages that parsing a tokenizer.json freed back to the OS. Gemma-3's 33 MB file frees ~170 MB in
     small pieces, which glibc keeps for the life of the process (and a class server has one process per learner)."""
     if sys.platform.startswith("linux"):
@@ -506,7 +506,7 @@ class HFTokenizer(Tokenizer):
         from tokenizers.decoders import ByteLevel
         _bounded_read(tokenizer_json, MAX_TOKENIZER_JSON_BYTES, "a tokenizer.json")
         self.backend = _HF.from_file(str(tokenizer_json))
-        _return_freed_heap()
+        return_freed_heap()
         self.meta = meta
         self.name = meta.name
         self.chat_template, self.chat_template_source = _chat_template(tokenizer_json.parent, meta.chat_template)

@@ -59,6 +59,7 @@ def test_chain_every_link(smollm2, chain):
     shown = J.chain_table(smollm2, k)                                        # one row per link, every link named
     assert len(shown.rows) == len(k) == len(J.chain_links()) and shown.title.endswith("✓ holds")
     assert dict(shown.rows)[J.chain_links()["full_stack"]] == "yes"              # a link that holds, in words
+    assert dict(shown.rows)[J.chain_links()["stopped"]] == "the end token ('eos')"     # why, in words
     first = answer.new_ids[0]
     assert dict(shown.rows)[J.chain_links()["first"]] == f"{smollm2.tokenizer.pieces([first])[0]!r} (id {first})"
 
@@ -79,6 +80,7 @@ def test_chain_is_reproducible_and_needs_eos(smollm2, chain):
     assert short.new_ids == answer.new_ids[:3] and short.stopped == "max_new_tokens"
     k = J.chain_check(smollm2, trace, short, passes)
     assert not k["ends_with_eos"] and J.chain_verdict(k) is Verdict.DIFFERS
+    assert dict(J.chain_table(smollm2, k).rows)[J.chain_links()["stopped"]] == "max_new_tokens reached ('max_new_tokens')"
 
 
 # ---------------------------------------------------------------- 9 in, 50 out, 18 B FLOPs

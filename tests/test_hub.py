@@ -318,6 +318,8 @@ def test_four_students_run_a_notebook_at_once_through_the_hub(tmp_path, read_onl
         mem = {pid: classroom.memory(pid) for pid in running}
         kernels = [pid for pid, cmd in running.items() if "ipykernel_launcher" in cmd]
         assert len(kernels) == len(STUDENTS), running
+        assert all("--InteractiveShellApp.extra_extensions=llmwalk.classroom" in running[p] for p in kernels), \
+            "the students' kernels are not the class's kernel spec (llmwalk.classroom loaded)"
         print(f"\nthe class's memory (PSS, MB), {len(STUDENTS)} students having run {NOTEBOOK}:")
         for role, pids in (("hub, proxy, culler", [p for p in running if p not in kernels and "singleuser" not in
                                                    running[p]]),

@@ -56,6 +56,20 @@ def test_piece_labels_known_cuts(smollm2):
     assert viz.piece_labels(gpt2, [37345, 243, 21410]) == ["法[1/2]", "法[2/2]", "的"]   # 法 = e6 b3 | 95
 
 
+@pytest.mark.parametrize("text", ["人咬狗", "法国的首都是什么？", "The man bites the dog"])
+def test_the_chips_of_one_character_share_a_colour_and_no_one_else_does(text):
+    """A character's byte fragments one colour (the learner sees 法 = \\xe6\\xb3 + \\x95); neighbours differ."""
+    gpt2 = lw.gpt2_tokenizer()
+    ids = gpt2.text_ids(text)
+    colours = [chip.color for chip in viz.tokens.chips(gpt2, ids)]
+    runs = groups(viz.piece_labels(gpt2, ids))                       # checked against UTF-8 above
+    for k, m in runs:
+        assert len(set(colours[k:k + m])) == 1, (text, k, m, colours)
+    firsts = [colours[k] for k, _ in runs]
+    assert all(a != b for a, b in zip(firsts, firsts[1:])), (text, colours)
+    assert [chip.edge != "none" for chip in viz.tokens.chips(gpt2, ids)] == [gpt2.is_fragment(i) for i in ids]
+
+
 def test_journey_diagram_fits_the_notebook_width(smollm2):
     j = lw.journey(smollm2, "What is the capital of France?", chat=True, max_new_tokens=4)
     fig = viz.journey_diagram(j)

@@ -178,6 +178,15 @@ def test_prob_bars_axis_ends_just_past_what_is_drawn(trace, model):
     assert peaked.lines[0].get_xdata()[-1] > 0.95 and peaked.get_xlim() == (0, 1.05)
 
 
+def test_prob_bars_of_a_plain_softmax_share_the_whole_scale(trace, model):
+    """Notebook 05 compares plain-softmax charts of several prompts and models: each spans 0–1.05, however much of
+    the probability its bars hold."""
+    ax = viz.prob_bars(trace.logits[-1], model.tokenizer, n=12).axes[0]
+    assert ax.get_xlim() == (0, 1.05)
+    flat = viz.prob_bars(trace.logits[-1] / 3, model.tokenizer, n=12).axes[0]        # a flat distribution, T = 1
+    assert flat.lines[0].get_xdata()[-1] < 0.5 and flat.get_xlim() == (0, 1.05)
+
+
 @pytest.mark.parametrize("kw, label", [
     (dict(), "probability"),                                      # notebook 05: no temperature or cut yet
     (dict(temperature=0.7), "probability at T = 0.7   (no cut)"),

@@ -12,6 +12,7 @@
 # server's own accounts), the memory limit (MEM_LIMIT, from the measurement in README.md), and the spawner's
 # options. tests/test_hub.py runs this file with two replacements only: a test authenticator (DummyAuthenticator)
 # and a spawner that runs every student as the current user (SimpleLocalProcessSpawner, which enforces no limit).
+import json
 import os
 import pwd
 import shutil
@@ -26,10 +27,11 @@ VENV_BIN = Path(sys.executable).parent          # the hub runs from the venv the
 # lw.load_model(); lw.load_model('gemma3-270m')"`, then `chmod -R a+rX,a-w /srv/llmwalk-cache`); llmwalk reads a
 # complete cache without writing to it.
 CACHE = os.environ.get("LLMWALK_CACHE", "/srv/llmwalk-cache")
-# Per student: a JupyterLab server (~140 MB PSS) and a kernel per open notebook; a kernel that ran 04 (SmolLM2 and
-# Gemma-3, traces included) holds ~470 MB of its own, ~340 MB with SmolLM2 only (README.md, "Memory per student");
+# Per student: a JupyterLab server (~140 MB PSS) and a kernel per open notebook; a class kernel that ran 04 (SmolLM2
+# and Gemma-3, traces included) holds ~420 MB of its own, ~290 MB with SmolLM2 only (README.md, "Memory per student");
 # the weights are shared. 1.5 GB: a server and two notebooks' kernels. Enforced by SystemdSpawner (cgroup MemoryMax).
 MEM_LIMIT = os.environ.get("LLMWALK_MEM_LIMIT", "1.5G")
+STATE = Path(os.environ.get("LLMWALK_HUB_STATE", "/srv/llmwalk-hub"))   # the hub's database, secret, kernel spec
 NOTEBOOKS = REPO / "notebooks"
 HANDED_OUT = "llmwalk"                          # the folder in each student's home
 
@@ -57,6 +59,15 @@ c.Spawner.environment = {
     # One torch thread per kernel: thirty kernels with a thread per core each would fight over the same cores.
     "OMP_NUM_THREADS": "1",
 }
+# The students' kernel: the venv's `llmwalk` kernel (the name the notebooks ask for) with llmwalk.classroom loaded as
+# an IPython extension, which keeps no Out[n] cache of every figure and gives a cell's freed heap back to the OS
+# (~50 MB less per kernel, README "Memory per student"). Written at each hub start; JUPYTER_PATH finds it first.
+KERNEL_SPEC = STATE / "jupyter" / "kernels" / "llmwalk"
+KERNEL_SPEC.mkdir(parents=True, exist_ok=True)
+_spec = json.loads((VENV_BIN.parent / "share" / "jupyter" / "kernels" / "llmwalk" / "kernel.json").read_text())
+_spec["argv"] += ["--InteractiveShellApp.extra_extensions=llmwalk.classroom"]
+(KERNEL_SPEC / "kernel.json").write_text(json.dumps(_spec, indent=1))
+c.Spawner.environment["JUPYTER_PATH"] = str(STATE / "jupyter")
 c.Spawner.http_timeout = 120                    # a first start on a busy server imports JupyterLab slowly
 c.Spawner.start_timeout = 120
 
@@ -114,5 +125,5 @@ c.JupyterHub.load_roles = [{
 c.JupyterHub.bind_url = os.environ.get("LLMWALK_HUB_URL", "http://:8000")
 c.ConfigurableHTTPProxy.command = [shutil.which("configurable-http-proxy")
                                    or str(VENV_BIN.parent / "node_modules" / ".bin" / "configurable-http-proxy")]
-c.JupyterHub.cookie_secret_file = os.environ.get("LLMWALK_HUB_STATE", "/srv/llmwalk-hub") + "/jupyterhub_cookie_secret"
-c.JupyterHub.db_url = "sqlite:///" + os.environ.get("LLMWALK_HUB_STATE", "/srv/llmwalk-hub") + "/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = str(STATE / "jupyterhub_cookie_secret")
+c.JupyterHub.db_url = f"sqlite:///{STATE / 'jupyterhub.sqlite'}"

@@ -191,7 +191,9 @@ def chain_table(model: "Model", check: dict) -> Table:
     """chain_check's result as a table, one link a row, the verdict in the title."""
     show = {"first": lambda i: t("claims.journey.chain_table.first_value", piece=repr(model.tokenizer.pieces([i])[0]),
                                  id=i),
-            "pass_lengths": listed}
+            "pass_lengths": listed,
+            "stopped": lambda why: {"eos": t("claims.journey.chain_table.stopped_eos"),
+                                    "max_new_tokens": t("claims.journey.chain_table.stopped_max_new_tokens")}[why]}
     links = chain_links()
     as_is = lambda x: yes(x) if isinstance(x, bool) else x                                 # noqa: E731
     rows = [(links[k], show.get(k, as_is)(v)) for k, v in check.items()]

@@ -80,9 +80,12 @@ def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min
         text.set_text(f" {value:.3f}")
     running = values.cumsum()
     ax.lines[0].set_xdata(running)
-    # The axis ends just past the running total (the longest thing drawn), so a flat distribution's bars (T = 2)
-    # fill the width instead of its left eighth; a running total of probabilities never passes 1: at most 1.05.
-    right = min(1.05, 1.15 * max(running[-1], 0.05))
+    # The plain softmax (notebook 05, before temperature and cuts come in) spans the whole 0–1 scale, so charts of
+    # two prompts or two models compare by eye. Otherwise the axis ends just past the running total (the longest
+    # thing drawn), so a flat distribution's bars (T = 2) fill the width instead of its left eighth; a running
+    # total of probabilities never passes 1: at most 1.05.
+    plain = temperature == 1 and not left
+    right = 1.05 if plain else min(1.05, 1.15 * max(running[-1], 0.05))
     ax.set_xlim(0, right)
     marks: dict[int, list[str]] = {}
     for name, count in left.items():
@@ -96,7 +99,6 @@ def _set_prob_bars(ax, logits: Tensor, tokenizer, temperature, top_k, top_p, min
     temp = f"{temperature or 1:g}"
     cuts = (" · ".join(t("viz.sampling.keeps", cut=name, count=f"{count:,}") for name, count in left.items())
             or t("viz.sampling.no_cut"))
-    plain = temperature == 1 and not left          # before temperature and cuts come in (notebook 05)
     ax.set(xlabel=t("viz.sampling.probability") if plain else t("viz.sampling.prob_at", temperature=temp, cuts=cuts),
            title=title or t("viz.sampling.kept_of", kept=int(kept.sum()), total=len(kept)))
     bars = (t("viz.sampling.legend_bars_cut", temperature=temp) if left

@@ -8,9 +8,17 @@ from ._draw import CHIP_COLORS, Chip, chip_figure, show_piece
 
 
 def chips(tokenizer, ids) -> list[Chip]:
-    """One chip per token: its piece (\\xNN for a fragment of a character, with a grey edge) and its id."""
-    return [Chip(piece, str(i), CHIP_COLORS[n % len(CHIP_COLORS)], "#888" if tokenizer.is_fragment(int(i)) else "none")
-            for n, (i, piece) in enumerate(zip(ids, tokenizer.pieces(ids)))]
+    """One chip per token: its piece (\\xNN for a fragment of a character, with a grey edge) and its id. The fragments
+    that spell one character share a colour, so 法 = \\xe6\\xb3 + \\x95 shows as one colour over two chips."""
+    ids = [int(i) for i in ids]
+    colors, group, last = [], -1, None
+    for n, spelled in enumerate(_spelled(tokenizer, ids)):
+        first = spelled[3] if spelled else n          # a character's fragments: the colour of its first token
+        if first != last:
+            group, last = group + 1, first
+        colors.append(CHIP_COLORS[group % len(CHIP_COLORS)])
+    return [Chip(piece, str(i), color, "#888" if tokenizer.is_fragment(i) else "none")
+            for i, piece, color in zip(ids, tokenizer.pieces(ids), colors)]
 
 
 def token_chips(text: str, tokenizer, chat: bool = False) -> Figure:
@@ -37,24 +45,30 @@ def piece_labels(tokenizer, ids) -> list[str]:
     """A readable label per token: its text, or for a byte fragment the character it is part of and which piece,
     咬[1/3] (the first of the three tokens that spell 咬). A token with pieces of two characters keeps its \\xNN form."""
     ids = [int(i) for i in ids]
+    return [f"{s[0]}[{s[1]}/{s[2]}]" if s else show_piece(tokenizer.pieces([i])[0])
+            for i, s in zip(ids, _spelled(tokenizer, ids))]
+
+
+def _spelled(tokenizer, ids: list[int]) -> list[tuple[str, int, int, int] | None]:
+    """Per token: (character, k, n, index of its first token) when it is the k-th of the n tokens that spell one
+    character between them, else None (whole characters, or bytes that spell none)."""
     spans, start = [], 0                                          # the byte range of every token
     for i in ids:
         n = len(tokenizer.token_bytes(i))
         spans.append((start, start + n))
         start += n
-    text_bytes = tokenizer.token_bytes_of(ids)
     chars, c = [], 0                                              # (start, end, character) of every character
-    for ch in text_bytes.decode("utf-8", errors="replace"):
+    for ch in tokenizer.token_bytes_of(ids).decode("utf-8", errors="replace"):
         n = len(ch.encode("utf-8")) if ch != "\ufffd" else 1
         chars.append((c, c + n, ch))
         c += n
-    labels = []
-    for i, (s, e) in zip(ids, spans):
+    out = []
+    for s, e in spans:
         inside = [ch for ch in chars if ch[0] <= s and e <= ch[1] and (ch[0], ch[1]) != (s, e)]
-        if not inside or inside[0][2] == "\ufffd":                # whole characters (or bytes that spell none)
-            labels.append(show_piece(tokenizer.pieces([i])[0]))
+        if not inside or inside[0][2] == "\ufffd":
+            out.append(None)
             continue
         cs, ce, ch = inside[0]
         parts = [k for k, (ps, pe) in enumerate(spans) if ps < ce and cs < pe]
-        labels.append(f"{ch}[{parts.index(len(labels)) + 1}/{len(parts)}]")
-    return labels
+        out.append((ch, parts.index(len(out)) + 1, len(parts), parts[0]))
+    return out
