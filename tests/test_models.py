@@ -88,6 +88,19 @@ def test_forward_with_cache_in_chunks_equals_one_pass(smollm2):
     torch.testing.assert_close(b[0], full[-1], atol=1e-4, rtol=1e-4)
 
 
+
+@pytest.mark.parametrize("record", [True, False])          # the readable blocks, and the fast path decoding runs
+def test_decoding_token_by_token_with_the_cache_gives_every_position_the_full_pass_logits(smollm2, record):
+    """A cache that loses or overwrites one position, anywhere in a long context, changes the logits there even
+    when the greedy token happens not to change: 96 positions, one at a time after a prefill of 8."""
+    ids = (smollm2.tokenizer.encode(" ".join(PROMPTS)) * 8)[:96]
+    full = lw.forward(smollm2, ids).logits
+    cache = lw.KVCache.empty(smollm2.config, capacity=len(ids))
+    steps = [lw.forward(smollm2, ids[:8], cache=cache, record=record).logits]
+    steps += [lw.forward(smollm2, [i], cache=cache, record=record).logits for i in ids[8:]]
+    assert cache.length == len(ids)
+    torch.testing.assert_close(torch.cat(steps), full, atol=1e-4, rtol=1e-4)
+
 # ---------------------------------------------------------------- directories (every architecture: test_loaders.py)
 
 def test_gpt2_directory_has_learned_positions(tmp_path):
