@@ -99,7 +99,9 @@ def test_decoding_token_by_token_with_the_cache_gives_every_position_the_full_pa
     steps = [lw.forward(smollm2, ids[:8], cache=cache, record=record).logits]
     steps += [lw.forward(smollm2, [i], cache=cache, record=record).logits for i in ids[8:]]
     assert cache.length == len(ids)
-    torch.testing.assert_close(torch.cat(steps), full, atol=1e-4, rtol=1e-4)
+    # One position at a time sums in another order than the full pass: up to 1.5e-4 apart here (1 or 2 threads);
+    # a cache that drops one position once past 40 is 35 apart.
+    torch.testing.assert_close(torch.cat(steps), full, atol=1e-3, rtol=0)
 
 # ---------------------------------------------------------------- directories (every architecture: test_loaders.py)
 
