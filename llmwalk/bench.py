@@ -538,6 +538,8 @@ def _seconds(fns: list[Callable[[torch.Tensor], torch.Tensor]], xs: list[torch.T
 # ---------------------------------------------------------------- does one-token decoding wait on memory?
 
 MEMORY_BOUND_SLACK = 1.5    # memory-bound: a step takes at most this × the time its weight bytes take to stream
+RESOLVED_SHARE = 0.1        # the time outside the matrix products is a difference of two medians: below this share
+                            # of the step it is within the runs' noise, and nothing is computed from it
 
 
 def _stored_bytes(w) -> int:
@@ -651,6 +653,17 @@ class DecodeProfile:
     def outside_seconds(self) -> float:
         """Step time spent outside the matrix products: the other operations' fixed costs."""
         return max(self.step_seconds - self.matmul_seconds, 0.0)
+
+    @property
+    def slow_matmul_seconds(self) -> float:
+        """Step time the matrix products take beyond streaming the weights at the plain sum's rate."""
+        return max(self.matmul_seconds - self.roofline_seconds, 0.0)
+
+    @property
+    def overhead_resolved(self) -> bool:
+        """Whether the time outside the matrix products is large enough (RESOLVED_SHARE of the step) to tell apart
+        from the noise of two separately timed medians."""
+        return self.outside_seconds >= RESOLVED_SHARE * self.step_seconds
 
     @property
     def memory_bound(self) -> bool:

@@ -45,6 +45,13 @@ def t(key: str, /, **fields) -> str:
     return text.format(**fields) if fields else text
 
 
+def quoted(text: str) -> str:
+    """A model's text or token inside a sentence: Python's repr in English ('Paris', with \\n and the like shown),
+    the same inside Chinese quotes in Chinese (“巴黎”)."""
+    r = repr(text)
+    return r if _current == "en" else f"“{r[1:-1]}”"
+
+
 @cache
 def table(language: str) -> dict[str, str]:
     """Every text of `language`, by dotted key (tests compare the languages' keys and placeholders)."""

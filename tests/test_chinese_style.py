@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 import sys
 from pathlib import Path
 
@@ -90,11 +91,48 @@ def ratio_problems(text: str) -> list[str]:
 
 
 def typography_problems(text: str) -> list[str]:
-    """Line breaks between two Chinese characters of one paragraph, and Chinese in ASCII quotes."""
+    """Line breaks between two Chinese characters of one paragraph, Chinese in ASCII quotes, a space between a
+    Chinese character and a Chinese quote, and bold that CommonMark does not render."""
     prose = CODE.sub(lambda m: " " * len(m.group(0)), text)
     return ([f"line break inside a Chinese paragraph: {prose[m.start() - 10:m.end() + 10]!r}"
              for m in HAN_BREAK.finditer(prose)] +
-            [f"Chinese in ASCII quotes (use “”): {q}" for q in _ascii_quoted(prose) if re.search(f"[{HAN}]", q)])
+            [f"Chinese in ASCII quotes (use “”): {q}" for q in _ascii_quoted(prose) if re.search(f"[{HAN}]", q)] +
+            [f"a space beside a Chinese quote: {text[m.start() - 6:m.end() + 6]!r}"
+             for m in re.finditer(f"[{HAN}，。：；？！] +“|” +[{HAN}，。：；？！]",
+                                  CODE.sub(lambda m: "`" * len(m.group(0)), text))] +
+            [f"bold that shows its asterisks: {b!r}" for b in _unrendered_bold(prose)])
+
+
+def _punctuation(c: str) -> bool:
+    return c == "" or unicodedata.category(c)[0] in "PS"
+
+
+def _unrendered_bold(text: str) -> list[str]:
+    """`**` runs CommonMark cannot open or close: "**下面一排：**同样" (a closer after punctuation, before a letter)
+    shows its asterisks; write "**下面一排**：同样". Lines with an odd number of runs (bold across lines) are skipped."""
+    bad = []
+    for line in text.splitlines():
+        runs = list(re.finditer(r"(?<!\*)\*\*(?!\*)", line))
+        if len(runs) % 2:
+            continue
+        for k, m in enumerate(runs):
+            before = line[m.start() - 1] if m.start() else ""
+            after = line[m.end()] if m.end() < len(line) else ""
+            if k % 2 == 0:      # an opener: not followed by space; after punctuation only if space/punctuation before
+                ok = not (after == "" or after.isspace()) and (not _punctuation(after) or before == ""
+                                                                 or before.isspace() or _punctuation(before))
+            else:               # a closer, the mirror image
+                ok = not (before == "" or before.isspace()) and (not _punctuation(before) or after == ""
+                                                                   or after.isspace() or _punctuation(after))
+            if not ok:
+                bad.append(line[max(0, m.start() - 12):m.end() + 12])
+    return bad
+
+
+def test_the_typography_checks_catch_what_they_name():
+    assert _unrendered_bold("- **下面一排：**同样十个词块") and not _unrendered_bold("- **下面一排**：同样十个词块")
+    assert _unrendered_bold("从**残差（归一化后）**中抽取") and not _unrendered_bold("每点一次**下一个词块**，")
+    assert typography_problems("下面是 “The capital” 之后") and not typography_problems("下面是“The capital”之后")
 
 
 def _ascii_quoted(text: str) -> list[str]:

@@ -51,13 +51,13 @@ def test_chain_every_link(smollm2, chain):
     # a pass in which one layer changed nothing breaks the "full stack" link, and the chain with it
     short = [passes[0], dataclasses.replace(passes[1], layers=29), *passes[2:]]
     broken = J.chain_check(smollm2, trace, answer, short)
-    assert not broken["full_stack"] and J.chain_verdict(broken) is not Verdict.HOLDS
+    assert not broken["full_stack"] and J.chain_verdict(broken) is Verdict.DIFFERS
     # it ends by itself, at the end token, with the answer
     assert answer.stopped == "eos" and answer.new_ids[-1] in smollm2.tokenizer.eos_token_ids
     assert "Paris" in answer.text
-    assert J.chain_verdict(k) is Verdict.HOLDS
+    assert J.chain_verdict(k) is Verdict.ROUGHLY                            # every link; the final norm left out
     shown = J.chain_table(smollm2, k)                                        # one row per link, every link named
-    assert len(shown.rows) == len(k) == len(J.chain_links()) and shown.title.endswith("✓ holds")
+    assert len(shown.rows) == len(k) == len(J.chain_links()) and shown.title.endswith("≈ roughly")
     assert dict(shown.rows)[J.chain_links()["full_stack"]] == "yes"              # a link that holds, in words
     assert dict(shown.rows)[J.chain_links()["stopped"]] == "the end token ('eos')"     # why, in words
     first = answer.new_ids[0]
@@ -105,7 +105,7 @@ def test_budget_claim(rows, smollm2):
     assert budget_row.numbers == {"gpt2": g, "model": m} and budget_row.said == 18e9
     assert 18e9 / 2 < g["kv_cache"] < 18e9 / 1.1 and budget_row.verdict is Verdict.ROUGHLY  # within ×2, not 10 %
     assert f"{len(lw.gpt2_tokenizer().encode('法国的首都是什么？'))} tokens" in budget_row.measured
-    assert chain_row.verdict is Verdict.HOLDS and chain_row.numbers["ends_with_eos"]
+    assert chain_row.verdict is Verdict.ROUGHLY and chain_row.numbers["ends_with_eos"]   # final norm left out
 
 
 @needs_gemma

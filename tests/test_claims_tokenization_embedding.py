@@ -71,16 +71,17 @@ def test_english_finer_row(tok_rows):
 
 
 def test_fewer_tokens_row_matches_hand_count(tok_rows):
-    """GPT-2 small's forward FLOPs counted by hand: matrices, attention scores and mix, LM head (norms aside)."""
+    """GPT-2 small's forward FLOPs to predict the next token, counted by hand: matrices, attention scores and mix,
+    the LM head on the last position only, as the rest of the series counts (norms aside)."""
     def flops(t, d=768, layers=12, vocab=50257):
         per_layer = 2 * t * (4 * d * d + 2 * d * 4 * d) + 2 * 2 * t * t * d
-        return layers * per_layer + 2 * t * d * vocab
+        return layers * per_layer + 2 * d * vocab
     counts = tok_rows[7].numbers
     for cost, t in ((counts["short"], 7), (counts["long"], 18)):
         assert cost["tokens"] == t
         assert cost["flops"] == pytest.approx(flops(t), rel=0.01)     # norms: the 1 % left
         assert cost["kv_cache_bytes"] == 2 * 12 * 12 * 64 * t * 4     # k and v, layers, heads, d_head, fp32
-    assert tok_rows[7].verdict is Verdict.HOLDS
+    assert tok_rows[7].verdict is Verdict.ROUGHLY                    # "faster" is counted, not timed
 
 
 def test_other_tokenizers_are_reported(smollm2):

@@ -58,6 +58,10 @@ def test_decode_profile_verdict_is_the_printed_rule():
     assert not bench.DecodeProfile(10**9, 1e10, 0.16, 0.1, 500, 100).memory_bound
     # 0.02 s overhead + B / 10 GB/s <= 1.5 · B / 10 GB/s  ⇔  B >= 0.02 · 1e10 / 0.5 = 400 MB
     assert p.memory_bound_bytes == pytest.approx(4e8)
+    assert p.slow_matmul_seconds == pytest.approx(0.0) and p.overhead_resolved        # 0.02 s of 0.12 s: 17 %
+    noisy = bench.DecodeProfile(10**9, 1e10, 0.32, 0.31, 500, 100)                       # 0.01 s of 0.32 s: 3 %
+    assert not noisy.overhead_resolved and noisy.slow_matmul_seconds == pytest.approx(0.21)
+    assert bench.DecodeProfile(10**9, 1e10, 0.3, 0.08, 500, 100).slow_matmul_seconds == 0.0   # faster than the sum
 
 
 def test_decode_profile_measures_the_model_it_is_given(smollm2):

@@ -27,6 +27,8 @@ def _int8(w, *, divisor=127, rounding=torch.round, per="column", dtype=torch.int
 def test_the_deep_dives_have_an_exercise_each():
     assert [ex.name for ex in exercises("deep_dives/speculative_decoding")] == ["speculative_accept"]
     assert [ex.name for ex in exercises("deep_dives/quantization")] == ["int8_quantize"]
+    assert [ex.name for ex in exercises("deep_dives/kv_cache")] == ["kv_cache_step"]
+    assert [ex.name for ex in exercises("deep_dives/interventions")] == ["split_logit"]
 
 
 INDEPENDENT = [

@@ -17,7 +17,7 @@ def test_journey_times_every_stage_and_answers(smollm2, hf_smollm2, monkeypatch)
         ref = torch.nn.functional.softmax(hf_smollm2(torch.tensor([j.ids])).logits[0, -1], -1)
     torch.testing.assert_close(j.probs, ref, atol=1e-6, rtol=1e-4)
     assert [s[0] for s in j.stages()] == ["tokenize", "embedding", "30 × (attention + FFN)",
-                                          "final norm, last position", "LM head, last position", "softmax",
+                                          "final norm (last position)", "LM head (last position)", "softmax",
                                           "pick a token"]
     assert j.stages()[1][1] == "[5] → [5, 576]" and j.stages()[2][1] == "[5, 576] → [5, 576]"
     assert j.stages()[3][1] == "[576] → [576]" and j.stages()[4][1] == "[576] → [49152] logits"
@@ -45,8 +45,8 @@ def test_journey_stages_speak_the_current_language(smollm2):
         zh = j.stages()
     finally:
         lw.set_language("en")
-    assert [s[0] for s in zh] == ["Token 化", "Embedding", "30 ×（注意力 + FFN）", "最终归一化，最后一个位置",
-                                  "LM Head，最后一个位置", "Softmax", "选一个词块"]
+    assert [s[0] for s in zh] == ["分词", "Embedding", "30 ×（注意力 + FFN）", "最终归一化（最后一个位置）",
+                                  "LM Head（最后一个位置）", "Softmax", "选出一个词块"]
     assert [s[1] for s in zh] == ["文本 → 5 个 id", "[5] → [5, 576]", "[5, 576] → [5, 576]", "[576] → [576]",
                                   "[576] → [49152] 个 logit", "[49152] 个概率", "1 个 id"]
     assert [s[2] for s in zh] == [s[2] for s in j.stages()]           # the same timings, only the names differ

@@ -74,7 +74,7 @@ def test_journey_diagram_shows_every_stage_and_its_shape(chat_journey):
     assert [b.split("\n", 1)[1] for b in boxes[1:-1]] == [shape for _, shape, _ in stages]
     names = [b.split("\n", 1)[0] for b in boxes]
     assert names[:4] == ["输入 (input)", "Token 化 (tokenize)", "Embedding", "30 × Attention/FFN"]   # the article's
-    assert names[-4:] == ["LM Head, last position", "Softmax", "pick a token (greedy)", "输出词 (output word)"]
+    assert names[-4:] == ["LM Head (last position)", "Softmax", "pick a token (greedy)", "输出词 (output word)"]
     assert "[37, 576] → [37, 576]" in boxes[3] and "[576] → [49152] logits" in boxes[5]
     assert boxes[-1] == f"输出词 (output word)\n{show_piece(j.answer.steps[0].token)!r}"
     loop = next(t for t in drawn if t.startswith("加回输入 → 重复 (append to the input, repeat)"))
@@ -92,10 +92,10 @@ def test_journey_diagram_in_chinese(chat_journey):
     finally:
         lw.set_language("en")
     n = len(chat_journey.ids)
-    assert f"Token 化\n文本 → {n} 个 id" in drawn and "最终归一化，最后一个位置\n[576] → [576]" in drawn
-    assert "LM Head，最后一个位置\n[576] → [49152] 个 logit" in drawn and "Softmax\n[49152] 个概率" in drawn
+    assert f"Token 化\n文本 → {n} 个 id" in drawn and "最终归一化（最后一个位置）\n[576] → [576]" in drawn
+    assert "LM Head（最后一个位置）\n[576] → [49152] 个 logit" in drawn and "Softmax\n[49152] 个概率" in drawn
     assert "30 × Attention/FFN" in "".join(drawn) and "输入\n'What is the capita…" in drawn
-    assert any(t.startswith("加回输入 → 重复：第 2–") and "对前面" in t for t in drawn)   # attends to: 对……做注意力
+    assert any(t.startswith("加回输入 → 重复：第 2–") and "（含它自己）做注意力" in t for t in drawn)   # attends to: 对……做注意力
 
 
 def test_journey_diagram_without_end_token(smollm2):

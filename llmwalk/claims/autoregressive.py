@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 from .. import cost, prompts
 from ..generation import Generation, Pass, cut_at_eos, decoding_head, generate, watching
-from ..i18n import t
+from ..i18n import quoted, t
 from . import listed, named, yes
 from ..kv_cache import KVCache
 from ..report import Claim, Verdict
@@ -68,15 +68,15 @@ def rounds_verdict(g: Generation) -> Verdict:
 def _rounds_claim(model: "Model", gemma: "Model | None", smol_zh: Generation) -> Claim:
     if gemma is not None:
         g = generate(gemma, GEMMA_PROMPT, ROUNDS, head=decoding_head(gemma))
-        who = named("Gemma-3-270M", repr(GEMMA_PROMPT))
+        who = named("Gemma-3-270M", quoted(GEMMA_PROMPT))
     else:
         g = smol_zh
         who = t("claims.autoregressive.rounds.chat_who", model=model.config.name, question=QUESTION)
     hit = next((s for s in g.steps if "巴" in s.token), None)
-    where = (t("claims.autoregressive.rounds.hit", token=repr(hit.token), round=hit.index, p=f"{hit.top[0][2]:.3g}")
+    where = (t("claims.autoregressive.rounds.hit", token=quoted(hit.token), round=hit.index, p=f"{hit.top[0][2]:.3g}")
              if hit else t("claims.autoregressive.rounds.miss"))
     return Claim(SECTION, t("claims.autoregressive.rounds.article"),
-                 t("claims.autoregressive.rounds.measured", who=who, n=len(g.steps), text=answer_text(g), where=where),
+                 t("claims.autoregressive.rounds.measured", who=who, n=len(g.steps), text=quoted(answer_text(g)), where=where),
                  rounds_verdict(g), numbers={"rounds": len(g.steps), "text": g.text, "pieces": round_pieces(g),
                                              "round_ba": hit and hit.index}, key="autoregressive.rounds")
 
@@ -85,8 +85,8 @@ def _eos_claim(model: "Model", english: Generation, smol_zh: Generation) -> Clai
     eos = english.stopped == "eos"
     last = english.steps[-1]
     return Claim(SECTION, t("claims.autoregressive.eos.article"),
-                 t("claims.autoregressive.eos.measured", model=model.config.name, question=repr(ENGLISH),
-                   text=repr(english.text), token=repr(last.token), id=last.token_id, round=last.index,
+                 t("claims.autoregressive.eos.measured", model=model.config.name, question=quoted(ENGLISH),
+                   text=quoted(english.text), token=quoted(last.token), id=last.token_id, round=last.index,
                    stopped=repr(english.stopped), n=len(smol_zh.steps),
                    chinese=t("claims.autoregressive.eos.end") if smol_zh.stopped == "eos"
                    else t("claims.autoregressive.eos.no_end")),
@@ -117,6 +117,15 @@ def _passes_claim(model: "Model", passes: Sequence[Pass]) -> Claim:
                  key="autoregressive.passes")
 
 
+FLAT = 1.1      # a round costs "about the same" as another when it is within 10 % of it
+
+
+def linear_verdict(grow_cached: float, grow_rerun: float) -> Verdict:
+    """The point, linear with a KV cache: the last round costs about what the first decode round does (FLAT); the
+    detail, the article's own loop (rerunning the prefix) too. # growth = last round's FLOPs / first round's"""
+    return Verdict.of(grow_cached < FLAT, grow_rerun < FLAT)
+
+
 def _linear_claim(model: "Model", prompt_ids: Sequence[int], new_ids: Sequence[int]) -> Claim:
     config, p = model.config, len(prompt_ids)
     rerun, cached = cost.round_flops(config, p, N, kv_cache=False), cost.round_flops(config, p, N, kv_cache=True)
@@ -129,8 +138,8 @@ def _linear_claim(model: "Model", prompt_ids: Sequence[int], new_ids: Sequence[i
                cost.measured_flops(model, last[-1:], cache, last_only=True))
     formula = (cost.matmul_flops(cost.flops_by_stage(config, len(last), last_only=True)),
                cost.matmul_flops(cost.flops_by_stage(config, 1, cached=len(last) - 1, last_only=True)))
-    flat_cached, flat_rerun = grow_cached < 1.1, grow_rerun < 1.1          # every round costs about the same
-    verdict = Verdict.of(flat_cached, flat_rerun)    # linear with a cache (the point); the article's loop too?
+    flat_cached, flat_rerun = grow_cached < FLAT, grow_rerun < FLAT
+    verdict = linear_verdict(grow_cached, grow_rerun)
     g = lambda x: f"{x / 1e9:.3g} GFLOPs"                                                     # noqa: E731
     shape = lambda flat: (t("claims.autoregressive.linear.flat") if flat else                # noqa: E731
                           t("claims.autoregressive.linear.grows"))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .. import cost, prompts
 from ..accuracy import Comparison, compare_formats, eval_ids, kl_text, q4_1_grid_error
 from ..generation import Generation, generate
-from ..i18n import t
+from ..i18n import quoted, t
 from . import billions, yes
 from ..report import Claim, Table, Verdict, table
 from ..sampling import rank_of
@@ -246,7 +246,7 @@ def _int4_claim(model: "Model", asym: Comparison, sym: Comparison, grid_error: f
     if on_grid:
         verdict = Verdict.of(answer_rank == 1, False)
         how = t("claims.cost.int4.on_grid", model=model.config.name, tolerance=_sci(SAME_WEIGHT),
-                answer=repr(ANSWER), rank=answer_rank, prompt=repr(ANSWER_PROMPT))
+                answer=quoted(ANSWER), rank=answer_rank, prompt=quoted(ANSWER_PROMPT))
     else:
         verdict = Verdict.of(asym.top1_agreement >= SMALL_TOP1, small_loss(asym))
         how = t("claims.cost.int4.from_fp32", mb_fp32=f"{asym.fp32_weight_bytes / 1e6:.4g}",

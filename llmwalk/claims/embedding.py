@@ -13,7 +13,7 @@ from torch import Tensor
 
 from ..cost import gpt2_small
 from ..embedding import apply_rope, neighbour_rank, neighbours, rope_angles, token_embedding
-from ..i18n import t
+from ..i18n import quoted, t
 from . import below, listed, named, yes
 from ..layers import attention, causal_mask, norm
 from ..report import Claim, Verdict
@@ -125,10 +125,10 @@ def claims(model: "Model", others: Sequence["Model"] = ()) -> list[Claim]:
     vocab = model.weights.token_embd.shape[0]
     rows.append(Claim(SECTION, t("claims.embedding.learned.article"),
                       t("claims.embedding.learned.measured", model=model.config.name,
-                        ranks=listed(t("claims.embedding.learned.rank", a=repr(a), b=repr(b), rank=r)
+                        ranks=listed(t("claims.embedding.learned.rank", a=quoted(a), b=quoted(b), rank=r)
                                      for (a, b), r in ranks.items()),
-                        vocab=vocab, random=vocab // 2, word=repr(RELATED[0][0]),
-                        near=listed(repr(p) for p, _ in near)),
+                        vocab=vocab, random=vocab // 2, word=quoted(RELATED[0][0]),
+                        near=listed(quoted(p) for p, _ in near)),
                       Verdict.of(max(ranks.values()) <= NEAR), numbers={"ranks": ranks}, key="embedding.learned"))
 
     o = order_check(model, *ORDER_PAIR)

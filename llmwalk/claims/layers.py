@@ -15,7 +15,7 @@ from .. import prompts
 from ..cost import gpt2_small
 from ..embedding import rope_angles
 from ..head import lens_path
-from ..i18n import t
+from ..i18n import quoted, t
 from . import below, yes
 from ..interventions import combine, next_token_probs, patch, subject_position
 from ..layers import attention, causal_mask, ffn, norm
@@ -68,14 +68,14 @@ def block_shapes(block) -> tuple:
     return tuple((name, tuple(t.shape)) for name, t in tensors(block))
 
 
-def closest_layers(model: "Model") -> tuple[int, int, float]:
-    """The two layers whose query matrices are most alike: (i, j, relative difference ‖Wi − Wj‖ / ‖Wi‖)."""
-    w = torch.stack([b.attn_q.weight.float().flatten() for b in model.weights.blocks])   # [L, d*d]
-    dist = torch.cdist(w[None], w[None])[0] / w.norm(dim=-1, keepdim=True)
-    dist.fill_diagonal_(float("inf"))
-    k = int(dist.argmin())
-    i, j = divmod(k, len(w))
-    return min(i, j), max(i, j), float(dist[i, j])
+def most_alike_layers(model: "Model") -> tuple[int, int, float]:
+    """The two layers whose query matrices point most alike: (i, j, cosine of the two flattened matrices), i < j.
+    (A distance relative to one matrix's norm would pick the pair whose sizes differ most, not the most alike.)"""
+    w = torch.nn.functional.normalize(torch.stack([b.attn_q.weight.float().flatten()
+                                                   for b in model.weights.blocks]), dim=-1)   # [L, d*d]
+    cos = (w @ w.T).fill_diagonal_(-float("inf"))
+    i, j = divmod(int(cos.argmax()), len(w))
+    return min(i, j), max(i, j), float(cos[i, j])
 
 
 @torch.inference_mode()
@@ -123,9 +123,13 @@ def structure_verdict(gap: float, config) -> Verdict:
     return Verdict.of(gap < SAME or config.sandwich_norm, gap < SAME and config.norm == "layernorm")
 
 
-def sharing_verdict(n_shapes: int, closest: float) -> Verdict:
-    """The point: every layer has the same tensor shapes and no two layers have (nearly) the same weights."""
-    return Verdict.of(n_shapes == 1 and closest > 0.01)
+ALIKE = 0.5     # two layers' matrices "share" parameters when their cosine is above this (1: the same direction)
+
+
+def sharing_verdict(n_shapes: int, most_alike: float) -> Verdict:
+    """The point: every layer has the same tensor shapes and no two layers' query matrices point alike (cosine of
+    the most alike pair below ALIKE)."""
+    return Verdict.of(n_shapes == 1 and most_alike < ALIKE)
 
 
 def mask_verdict(future: float, moved: float) -> Verdict:
@@ -197,13 +201,13 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
                       key="layers.structure"))
 
     shapes = {block_shapes(b) for b in model.weights.blocks}
-    i, j, rel = closest_layers(model)
+    i, j, cos = most_alike_layers(model)
     per_layer = sum(w.numel() for _, w in tensors(model.weights.blocks[0]))
     rows.append(Claim(SECTION, t("claims.layers.sharing.article"),
                       t("claims.layers.sharing.measured", n_layer=L, same=yes(len(shapes) == 1),
-                        per_layer=f"{per_layer:,}", i=i, j=j, rel=f"{rel:.3g}"),
-                      sharing_verdict(len(shapes), rel),
-                      numbers={"shapes": len(shapes), "closest": (i, j, rel)}, key="layers.sharing"))
+                        per_layer=f"{per_layer:,}", i=i, j=j, cos=f"{cos:.2g}"),
+                      sharing_verdict(len(shapes), cos),
+                      numbers={"shapes": len(shapes), "most_alike": (i, j, cos)}, key="layers.sharing"))
 
     future, moved = future_check(model, trace)
     rows.append(Claim(SECTION, t("claims.layers.mask.article"),
@@ -229,7 +233,7 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
     r, p = path["rank"], path["prob"]
     mid = L // 2                                   # r[i + 1]: after layer i (r[0] is the embedding)
     rows.append(Claim(SECTION, t("claims.layers.refinement.article"),
-                      t("claims.layers.refinement.measured", prompt=repr(prompt), answer=repr(answer),
+                      t("claims.layers.refinement.measured", prompt=quoted(prompt), answer=quoted(answer),
                         rank_first=f"{r[1]:,}", rank_mid=f"{r[mid + 1]:,}", mid=mid,
                         top10=lens_point(path["top10_from"]), top1=lens_point(path["top1_from"]), last=L - 1,
                         p=f"{p[-1]:.2f}"), refinement_verdict(path, L), numbers=path, key="layers.refinement"))
@@ -257,8 +261,8 @@ def claims(model: "Model", trace: Trace | None = None, prompt: str = PROMPT, ans
     two = lambda p: t("claims.layers.knowledge.pair", answer=f"{p[0]:.2f}", other=f"{p[1]:.2f}")   # noqa: E731
     plain = [float(trace.probs[-1, token]), float(trace.probs[-1, tokens[1]])]
     rows.append(Claim(SECTION, t("claims.layers.knowledge.article"),
-                      t("claims.layers.knowledge.measured", prompt=repr(prompt), other=repr(OTHER), last=L - 1,
-                        answer=repr(answer), other_answer=repr(OTHER_ANSWER), everywhere=two(everywhere),
+                      t("claims.layers.knowledge.measured", prompt=quoted(prompt), other=quoted(OTHER), last=L - 1,
+                        answer=quoted(answer), other_answer=quoted(OTHER_ANSWER), everywhere=two(everywhere),
                         at_subject=two(at_subject), layer0=two(layer0),
                         plain=t("claims.layers.knowledge.pair", answer=f"{plain[0]:.2f}", other=f"{plain[1]:.3f}")),
                       knowledge_verdict(everywhere, at_subject),

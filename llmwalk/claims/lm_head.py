@@ -14,7 +14,7 @@ import torch
 from .. import prompts
 from ..cost import gpt2_small
 from ..head import lm_head, softmax
-from ..i18n import t
+from ..i18n import quoted, t
 from . import below, listed, yes
 from ..kv_cache import KVCache
 from ..report import Claim, Verdict
@@ -120,7 +120,7 @@ def _show(stats: dict[str, dict], digits: int = 3) -> str:
 
 def _top(model, probs, digits: int = 3) -> str:
     (piece, p), = top_tokens(model, probs)
-    return t("claims.lm_head.top", piece=repr(piece), p=f"{p:.{digits}g}")
+    return t("claims.lm_head.top", piece=quoted(piece), p=f"{p:.{digits}g}")
 
 
 def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
@@ -145,7 +145,7 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
     rows.append(Claim(SECTION, t("claims.lm_head.linear.article"),
                       t("claims.lm_head.linear.measured", model=config.name, d=h.shape[0], shape=list(w.shape),
                         n=logits.shape[0], diff=below(same, "1e-04"),
-                        total=f"{float(probs.sum()):.4f}", prompt=repr(PROMPT), answer=repr(ANSWER),
+                        total=f"{float(probs.sum()):.4f}", prompt=quoted(PROMPT), answer=quoted(ANSWER),
                         p=f"{float(probs[token]):.2f}", rank=int(rank_of(probs, token))),
                       Verdict.of(same < 1e-4 and abs(float(probs.sum()) - 1) < 1e-4),
                       numbers={"max_diff": same, "sum": float(probs.sum()), "p_answer": float(probs[token])},
@@ -156,9 +156,11 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
     how = (t("claims.lm_head.tied.saves", millions=f"{saved / 1e6:.1f}", share=f"{saved / config.n_params:.0%}")
            if tied else t("claims.lm_head.tied.separate"))
     rows.append(Claim(SECTION, t("claims.lm_head.tied.article"),
-                      t("claims.lm_head.tied.measured", model=config.name,
+                      t("claims.lm_head.tied.measured", model=config.name, gpt2_tied=yes(gpt2.tied_embeddings),
                         tied=yes(tied), how=how),
-                      Verdict.of(True, tied), numbers={"tied": tied},   # a separate head is still a linear layer
+                      # the point: a linear layer (a separate head is one too); the detail, GPT-2's head is its
+                      # table: its published architecture says so (the weights are online only)
+                      Verdict.of(True, gpt2.tied_embeddings), numbers={"tied": tied, "gpt2_tied": gpt2.tied_embeddings},
                       key="lm_head.tied"))
 
     chat = model.tokenizer.chat_template is not None
@@ -176,7 +178,7 @@ def claims(model: "Model", gemma: "Model | None" = None) -> list[Claim]:
         for text, ids in gemma_contexts(gemma).items():
             probs, stats = word_probs(gemma, ids, PARIS + BEIJING)
             chars = {c: next_char_prob(gemma.tokenizer, probs, c) for c in ("巴", "北")}
-            rows.append(Claim(SECTION, t("claims.lm_head.gemma.article", text=repr(text)),
+            rows.append(Claim(SECTION, t("claims.lm_head.gemma.article", text=quoted(text)),
                               t("claims.lm_head.gemma.measured", model=gemma.config.name,
                                 top=_top(gemma, probs, GEMMA_DIGITS), words=_show(stats, GEMMA_DIGITS),
                                 p_ba=f"{chars['巴']:.{GEMMA_DIGITS}g}", p_bei=f"{chars['北']:.{GEMMA_DIGITS}g}"),

@@ -14,7 +14,7 @@ from torch import Tensor
 from .. import prompts
 from ..accuracy import log_probs, token_nll
 from ..generation import decoding_head, generate
-from ..i18n import t
+from ..i18n import quoted, t
 from . import listed, yes
 from ..report import Claim, Verdict
 from ..sampling import apply_temperature, entropy, kept, probs_after
@@ -96,7 +96,8 @@ def temperature_study(model: "Model", prompt: str, *, temperatures: Sequence[flo
     head, runs = decoding_head(model), []
     for temp in temperatures:
         for seed in seeds:
-            g = generate(model, prompt, max_new_tokens, temperature=temp, seed=seed, chat=True, head=head)
+            g = generate(model, prompt, max_new_tokens, temperature=temp, seed=seed,
+                         chat=model.tokenizer.chat_template is not None, head=head)   # GPT-2 has none
             # log p of each new token under the plain model, from one forward pass over prompt and answer
             lp = -float(token_nll(log_probs(model, g.ids), g.ids)[len(g.prompt_ids) - 1:].mean())
             runs.append(SampledAnswer(temp, seed, g.text, tuple(g.new_ids), g.stopped, lp))
@@ -145,42 +146,47 @@ def _greedy_claims(model: "Model", runs: Sequence[SampledAnswer]) -> list[Claim]
     same = len(greedy) > 1 and len({r.new_ids for r in greedy}) == 1
     loop, pieces = greedy_loop(model, LOOP_PROMPT)
     plain = {p: greedy_loop(model, p)[0] for p in PLAIN_PROMPTS}
-    built = (t("claims.sampling.loop.measured", prompt=LOOP_PROMPT, n=LOOP_TOKENS, start=loop.start + 1,
-               period=loop.period, pieces=repr(pieces), repeats=f"{loop.repeats:.3g}") if loop
-             else t("claims.sampling.loop.none", prompt=LOOP_PROMPT, n=LOOP_TOKENS))
+    built = (t("claims.sampling.loop.measured", prompt=quoted(LOOP_PROMPT), n=LOOP_TOKENS, start=loop.start + 1,
+               period=loop.period, pieces=quoted(pieces), repeats=f"{loop.repeats:.3g}") if loop
+             else t("claims.sampling.loop.none", prompt=quoted(LOOP_PROMPT), n=LOOP_TOKENS))
     looped = [p for p, found in plain.items() if found]
     return [
         Claim(SECTION, t("claims.sampling.greedy.article"),
-              t("claims.sampling.greedy.measured", prompt=CHAT_PROMPT, seeds=listed(r.seed for r in greedy),
+              t("claims.sampling.greedy.measured", prompt=quoted(CHAT_PROMPT), seeds=listed(r.seed for r in greedy),
                 outcome=t("claims.sampling.greedy.identical") if same else t("claims.sampling.greedy.different")),
               Verdict.of(same), numbers={"identical": same}, key="sampling.greedy"),
         # the point: greedy falls into a loop it never leaves (on the prompt built for it); the detail, "easily":
         # plain prompts loop too
         Claim(SECTION, t("claims.sampling.loop.article"),
-              t("claims.sampling.loop.plain", built=built, n=LOOP_TOKENS, prompts=listed(repr(p) for p in plain),
-                looped=listed(repr(p) for p in looped) if looped else t("claims.sampling.loop.none_plain")),
+              t("claims.sampling.loop.plain", built=built, n=LOOP_TOKENS, prompts=listed(quoted(p) for p in plain),
+                looped=listed(quoted(p) for p in looped) if looped else t("claims.sampling.loop.none_plain")),
               Verdict.of(loop is not None, bool(looped)), numbers={"loop": loop, "plain": plain},
               key="sampling.loop"),
     ]
+
+
+def temperature_verdict(entropies: Sequence[float], plain: bool) -> Verdict:
+    """The point: the entropy of the next-token distribution rises with T at every step (0.5 < 1 < 2), and T = 1 is
+    softmax itself. # entropies at T = 0.5, 1, 2"""
+    return Verdict.of(all(a < b for a, b in zip(entropies, entropies[1:])) and plain)
 
 
 def _temperature_claims(narrow: Tensor, runs: Sequence[SampledAnswer]) -> list[Claim]:
     ts = (0.5, 1.0, 2.0)
     h = [entropy(probs_after(narrow, temp)) for temp in ts]
     plain = bool(torch.equal(apply_temperature(narrow, 1.0).softmax(-1), narrow.softmax(-1)))
-    ok = h[0] < h[1] < h[2] and plain
     s = study_summary(runs)
     warm = [temp for temp in s if temp > 0]
     more_variety = all(s[a]["distinct_2"] <= s[b]["distinct_2"] for a, b in zip(warm, warm[1:]))
     less_natural = all(s[a]["mean_logprob"] >= s[b]["mean_logprob"] for a, b in zip(warm, warm[1:]))
     return [
         Claim(SECTION, t("claims.sampling.temperature.article"),
-              t("claims.sampling.temperature.measured", prompt=NARROW,
+              t("claims.sampling.temperature.measured", prompt=quoted(NARROW),
                 entropies=listed(t("claims.sampling.temperature.entropy", h=_f(x), t=f"{temp:g}") for x, temp in zip(h, ts)),
                 plain=yes(plain)),
-              Verdict.of(ok), numbers={"entropy": dict(zip(ts, h)), "plain": plain}, key="sampling.temperature"),
+              temperature_verdict(h, plain), numbers={"entropy": dict(zip(ts, h)), "plain": plain}, key="sampling.temperature"),
         Claim(SECTION, t("claims.sampling.chat_range.article"),
-              t("claims.sampling.chat_range.measured", n=len(runs) // len(s), prompt=CHAT_PROMPT,
+              t("claims.sampling.chat_range.measured", n=len(runs) // len(s), prompt=quoted(CHAT_PROMPT),
                 distinct=listed(_f(v["distinct_2"]) for v in s.values()),
                 logprob=listed(f"{v['mean_logprob']:.2f}" for v in s.values()),   # 2 decimals: the same on every CPU
                 temperatures=listed(f"{temp:g}" for temp in s),
@@ -200,12 +206,12 @@ def _cut_claims(narrow: Tensor, wide: Tensor) -> list[Claim]:
     return [
         Claim(SECTION, t("claims.sampling.top_k.article"),
               t("claims.sampling.top_k.measured", k=TOP_K, kept=len(k_kept), exact=yes(k_kept == k_ids),
-                tail_narrow=_f(tail[0]), narrow=NARROW, tail_wide=_f(tail[1]), wide=WIDE),
+                tail_narrow=_f(tail[0]), narrow=quoted(NARROW), tail_wide=_f(tail[1]), wide=quoted(WIDE)),
               Verdict.of(k_kept == k_ids), numbers={"kept": len(k_kept), "exact": k_kept == k_ids, "tail": tail},
               key="sampling.top_k"),
         Claim(SECTION, t("claims.sampling.top_p.article"),
-              t("claims.sampling.top_p.measured", p=TOP_P, kept_narrow=sizes[0], narrow=NARROW, kept_wide=sizes[1],
-                wide=WIDE, minimal=yes(minimal)),
+              t("claims.sampling.top_p.measured", p=TOP_P, kept_narrow=sizes[0], narrow=quoted(NARROW), kept_wide=sizes[1],
+                wide=quoted(WIDE), minimal=yes(minimal)),
               Verdict.of(minimal and sizes[0] < sizes[1]), numbers={"kept": sizes, "minimal": minimal},
               key="sampling.top_p"),
     ]

@@ -47,9 +47,6 @@ The exercises, by notebook (tensors are float32 unless said otherwise):
 07_autoregressive
     greedy_generate(next_logits, prompt_ids: list[int], n: int) -> list[int]
         next_logits(ids: list[int]) -> [vocab] logits of the token after ids; return the n new ids (argmax each round)
-    kv_cache_step(q, k_new, v_new: [n_head, 1, d_head], k_cache, v_cache: [n_head, S, d_head])
-            -> (out [n_head, 1, d_head], k_cache [n_head, S + 1, d_head], v_cache [n_head, S + 1, d_head])
-        one decoding step: append the new key/value, then attend from the new query to all S + 1 positions
 08_cost
     kv_cache_bytes(n_layer, n_kv_head, d_head, T, bytes_per_number) -> int
     token_flops(n_layer, d_model, n_head, n_kv_head, d_head, d_ff, vocab_size, context) -> int
@@ -57,6 +54,10 @@ The exercises, by notebook (tensors are float32 unless said otherwise):
 09_the_journey
     next_token_logits(weights: Weights, config: Config, ids: [T] int64) -> [vocab]
         the whole chain: embedding, every layer (causal mask, RoPE), final norm, LM head at the last position
+deep_dives/kv_cache
+    kv_cache_step(q, k_new, v_new: [n_head, 1, d_head], k_cache, v_cache: [n_head, S, d_head])
+            -> (out [n_head, 1, d_head], k_cache [n_head, S + 1, d_head], v_cache [n_head, S + 1, d_head])
+        one decoding step: append the new key/value, then attend from the new query to all S + 1 positions
 deep_dives/interventions
     split_logit(embedding: [d], writes: [n, d], norm_weight: [d], unembed: [d], eps: float) -> [n + 1]
         direct logit attribution: each write's part of one logit through the final RMSNorm, whose scale is the

@@ -936,7 +936,7 @@ EXERCISES: dict[str, Exercise] = {ex.name: ex for ex in [
     Exercise("greedy_generate", "07_autoregressive",
              "greedy_generate(next_logits: Callable[[list[int]], Tensor [vocab]], prompt_ids: list[int], n: int) -> list[int]",
              ("next_logits", "prompt_ids", "n"), 10, _greedy_reference, _greedy_cases, _greedy_diagnose),
-    Exercise("kv_cache_step", "07_autoregressive",
+    Exercise("kv_cache_step", "deep_dives/kv_cache",
              "kv_cache_step(q, k_new, v_new: [n_head, 1, d_head], k_cache, v_cache: [n_head, S, d_head]) "
              "-> (out [n_head, 1, d_head], k_cache [n_head, S+1, d_head], v_cache)",
              ("q", "k_new", "v_new", "k_cache", "v_cache"), 15, _kv_step_reference, _kv_step_cases, _kv_step_diagnose),
