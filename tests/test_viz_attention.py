@@ -22,6 +22,8 @@ def test_attention_step_draws_scores_weights_and_the_mix(smollm2, trace, layer, 
     drawn = np.array([p.get_width() for p in ax_s.patches])
     assert np.allclose(drawn[:q + 1], scores[:q + 1], atol=1e-4) and np.all(drawn[q + 1:] == 0)
     assert np.allclose([p.get_width() for p in ax_w.patches], b.weights[head, q].numpy())
+    lo, hi = ax_w.get_xlim()                                  # every weight (at most 1) is drawn whole, on one scale
+    assert lo == 0 and 1 < hi <= 1.5 and max(p.get_width() for p in ax_w.patches) <= hi
     mix = ax_v.images[0].get_array()[-1]                                    # the Σ row
     assert np.allclose(mix, b.z[head, q].numpy(), atol=1e-5)
 
