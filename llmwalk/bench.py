@@ -656,8 +656,10 @@ class DecodeProfile:
 
     @property
     def slow_matmul_seconds(self) -> float:
-        """Step time the matrix products take beyond streaming the weights at the plain sum's rate."""
-        return max(self.matmul_seconds - self.roofline_seconds, 0.0)
+        """Step time the matrix products take beyond streaming the weights at the plain sum's rate (at most the
+        step's time beyond its reading time: the two medians are timed apart)."""
+        return min(max(self.matmul_seconds - self.roofline_seconds, 0.0),
+                   max(self.step_seconds - self.roofline_seconds, 0.0))
 
     @property
     def overhead_resolved(self) -> bool:

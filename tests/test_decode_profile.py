@@ -62,6 +62,7 @@ def test_decode_profile_verdict_is_the_printed_rule():
     noisy = bench.DecodeProfile(10**9, 1e10, 0.32, 0.31, 500, 100)                       # 0.01 s of 0.32 s: 3 %
     assert not noisy.overhead_resolved and noisy.slow_matmul_seconds == pytest.approx(0.21)
     assert bench.DecodeProfile(10**9, 1e10, 0.3, 0.08, 500, 100).slow_matmul_seconds == 0.0   # faster than the sum
+    assert bench.DecodeProfile(10**9, 1e10, 0.15, 0.2, 500, 100).slow_matmul_seconds == pytest.approx(0.05)  # ≤ step
 
 
 def test_decode_profile_measures_the_model_it_is_given(smollm2):

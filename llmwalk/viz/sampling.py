@@ -19,7 +19,7 @@ def _cuts(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, to
         return torch.arange(logits.shape[-1]) == logits.argmax(), {t("viz.sampling.greedy"): 1}
     stages = Sampler(temperature, top_k, top_p, min_p).stages(logits)
     settings = {"top_k": top_k, "top_p": top_p, "min_p": min_p}
-    left = {f"{name.replace('_', '-')} = {settings[name]:g}": int(x.isfinite().sum())
+    left = {f"{_cut_name(name)} = {settings[name]:g}": int(x.isfinite().sum())
             for name, x in stages.items() if name != "scaled"}
     return list(stages.values())[-1].isfinite(), left
 
@@ -39,10 +39,16 @@ def _legend_below(ax, handles, texts, drop: float = 0.45) -> None:
               frameon=False)
 
 
+def _cut_name(name: str) -> str:
+    """A cut's name as the reader's language writes it: top-k (English), Top-K (Chinese, as the article)."""
+    return {"top_k": t("viz.sampling.cut_top_k"), "top_p": t("viz.sampling.cut_top_p"),
+            "min_p": t("viz.sampling.cut_min_p")}[name]
+
+
 def _settings(temperature, top_k=None, top_p=None, min_p=None) -> str:
     """'T = 0.7, top-k = 50, top-p = 0.9': the settings in effect, for a title or label."""
-    parts = [f"T = {temperature:g}"] + [f"{name} = {value:g}" for name, value in
-                                       (("top-k", top_k), ("top-p", top_p), ("min-p", min_p)) if value is not None]
+    parts = [f"T = {temperature:g}"] + [f"{_cut_name(name)} = {value:g}" for name, value in
+                                       (("top_k", top_k), ("top_p", top_p), ("min_p", min_p)) if value is not None]
     return t("viz.sampling.settings_sep").join(parts)
 
 
