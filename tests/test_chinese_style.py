@@ -129,6 +129,12 @@ def _unrendered_bold(text: str) -> list[str]:
     return bad
 
 
+def test_a_latin_word_beside_chinese_gets_one_space_in_figures():
+    from llmwalk.viz._draw import spaced
+    assert spaced("去掉该层的FFN") == "去掉该层的 FFN" and spaced("去掉该层的注意力") == "去掉该层的注意力"
+    assert spaced("layer 3 attention removed") == "layer 3 attention removed"
+
+
 def test_the_typography_checks_catch_what_they_name():
     assert _unrendered_bold("- **下面一排：**同样十个词块") and not _unrendered_bold("- **下面一排**：同样十个词块")
     assert _unrendered_bold("从**残差（归一化后）**中抽取") and not _unrendered_bold("每点一次**下一个词块**，")

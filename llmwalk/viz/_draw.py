@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -37,6 +38,12 @@ def show_piece(piece: str, limit: int | None = None) -> str:
     if limit is not None and len(s) > limit:
         s = s[:limit - 1] + "…"
     return s.replace("$", r"\$") if s.count("$") % 2 == 0 else s   # an even number of $ starts mathtext
+
+
+def spaced(text: str) -> str:
+    """A space between a Chinese character and a Latin letter or digit beside it ("去掉该层的 FFN", as the Chinese
+    edition's typography has it); English text is unchanged."""
+    return re.sub(r"(?<=[\u4e00-\u9fff])(?=[A-Za-z0-9])|(?<=[A-Za-z0-9])(?=[\u4e00-\u9fff])", " ", text)
 
 
 def labels(tokenizer, ids, limit: int | None = 12) -> list[str]:

@@ -9,7 +9,7 @@ from matplotlib.patches import Circle, FancyBboxPatch
 
 from ..i18n import t
 from ..weights import Config
-from ._draw import CHIP_COLORS, heatmap, labels, new_figure, show_piece
+from ._draw import CHIP_COLORS, heatmap, labels, new_figure, show_piece, spaced
 
 
 def residual_norms(trace, tokenizer) -> Figure:
@@ -197,7 +197,7 @@ def ablation_sweep(sweeps: dict, base: float, word: str) -> Figure:
     ax = fig.subplots()
     for (name, probs), color in zip(sweeps.items(), ("#4c78a8", "#e45756", "#54a24b")):
         ax.plot(np.arange(len(probs)), np.asarray(probs, dtype=float), marker="o", ms=4, color=color,
-                label=t("viz.layers.removed", part=name))
+                label=spaced(t("viz.layers.removed", part=name)))
     ax.axhline(base, color="#555", ls="--", lw=1, label=t("viz.layers.nothing_removed"))
     ax.set(xlabel=t("viz.layers.layer_from_0"), ylabel=t("viz.layers.p_word", word=word), ylim=(0, 1),
            xlim=(-0.5, len(probs) - 0.5))
