@@ -662,6 +662,12 @@ class DecodeProfile:
                    max(self.step_seconds - self.roofline_seconds, 0.0))
 
     @property
+    def splits(self) -> bool:
+        """Whether the step's time beyond its reading time splits into the matrix products' excess and the rest:
+        reading ≤ matrix products ≤ step (timed apart, either can come out faster than the other allows)."""
+        return self.roofline_seconds <= self.matmul_seconds <= self.step_seconds
+
+    @property
     def overhead_resolved(self) -> bool:
         """Whether the time outside the matrix products is large enough (RESOLVED_SHARE of the step) to tell apart
         from the noise of two separately timed medians."""
