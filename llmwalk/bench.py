@@ -1,18 +1,14 @@
-"""Benchmarks, one subcommand each: `python -m llmwalk.bench generate|prefill|quantization|speculative|widgets|decode [--threads N]`.
+"""Benchmarks, one subcommand each: `python -m llmwalk.bench generate|prefill|quantization|speculative|widgets|decode|kernels [--threads N]`.
 
 Every subcommand is a function taking the parsed arguments, registered in `build_parser`. The numbers are wall
-time on a machine that may be doing other things, so the contenders run in the same process, interleaved. The
-notebooks call the measurements below the subcommands directly: `bench_linear_kernels` (one kernel's matrix
-products), `pass_seconds` and `decode_profile` (one forward pass, one decoding step).
+time on a machine that may be doing other things, so the contenders (llmwalk, transformers, llama.cpp) run in the
+same process, interleaved. This is a command at the top of the package, imported by nothing in it: the timings the
+notebooks print themselves live in `timings.py`, the machine's facts (CPU, peak memory, bandwidth) in `machine.py`.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import platform
-import resource
 import statistics
-import sys
 import time
 from dataclasses import dataclass, fields
 from functools import partial
@@ -23,53 +19,14 @@ import torch
 
 from .accuracy import eval_ids, eval_text
 from .generation import Generation, decoding_head, generate
+from .machine import cpu_line, memory_bandwidth, peak_rss_mb, reset_peak_rss
 from .models import DEFAULT_MODEL, REGISTRY, Model, cache_dir, load_model
 from .prompts import PROMPT, SPECULATIVE_PROMPTS
 from .quantize import quantize_model
-from .speculative import (Draft, EarlyExitDraft, ModelDraft, PromptLookupDraft, SpeculativeResult, early_exit_model,
-                          speculative_generate)
+from .speculative import Draft, SpeculativeResult, draft_by_name, early_exit_model, speculative_generate
+from .timings import MEMORY_BOUND_SLACK, decode_profile, linear_kernel_times
 
 Run = Callable[[], tuple[float, list[float]]]    # () -> (seconds to the first token, seconds of each later token)
-
-
-def reset_peak_rss() -> bool:
-    """Reset the process's peak resident memory (Linux: /proc/self/clear_refs); False where that is impossible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_mb() -> float:
-    """The process's peak resident memory in MB (ru_maxrss: kB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / (1 << 20) if sys.platform == "darwin" else peak / 1024
-
-
-def cpu_model() -> str:
-    """The CPU's name as the OS reports it (Linux /proc/cpuinfo, macOS sysctl), else the machine type."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("model name", "Model")):            # x86; Raspberry-Pi-style ARM
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    if sys.platform == "darwin":
-        import subprocess
-        out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True)
-        if out.stdout.strip():
-            return out.stdout.strip()
-    return platform.processor() or platform.machine()
-
-
-def machine() -> str:
-    """The line printed above every table: the numbers hold for this CPU, these kernels and this thread count."""
-    return (f"CPU: {cpu_model()} ({os.cpu_count()} logical cores), torch {torch.__version__} CPU capability "
-            f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} torch threads. "
-            "Ratios vary by CPU: measure on yours.")
 
 
 LLAMA_CPP_HINT = ("llama.cpp not installed, so not in this table. To add it as a contender on the same GGUF file: "
@@ -227,20 +184,6 @@ def bench_generate(args: argparse.Namespace) -> None:
             print(f"{n:>6} | {name:22} {t.ttft:>7.3f} {t.tokens_per_second:>12.1f} {t.peak_mb:>8.0f} | {ratios}")
 
 
-def memory_bandwidth(nbytes: int = 2**28, repeats: int = 5) -> float:
-    """Bytes per second this process reads from memory: a sum over a float32 tensor of `nbytes` (far larger than
-    any CPU cache), the fastest of `repeats` runs. Decoding reads every weight once per token, so weight bytes ÷
-    this is the fastest a token can come (the roofline)."""
-    x = torch.ones(nbytes // 4)
-    x.sum()                                              # first touch: page faults, not reads
-    best = float("inf")
-    for _ in range(repeats):
-        tic = time.perf_counter()
-        x.sum()
-        best = min(best, time.perf_counter() - tic)
-    return nbytes / best
-
-
 def bench_prefill(args: argparse.Namespace) -> None:
     """Time to first token (a prompt in, one token out): llmwalk vs transformers, interleaved, per prompt length."""
     model = benchmarked_model(args)
@@ -307,20 +250,6 @@ def bench_quantization(args: argparse.Namespace) -> None:
             print(f"{name:22} {nbytes / 1e6:7.1f} {tps:12.1f} {tps / fp32:13.2f}x {limit:14.1f} {tps / limit:10.0%}")
         else:
             print(f"{name:22} {'':7} {tps:12.1f} {tps / fp32:13.2f}x")
-
-
-def draft_by_name(model: Model, name: str) -> Draft:
-    """'lookup' (prompt lookup, 3-grams), 'int8' / 'int4' (the model quantized, LM head too: a draft should be as
-    fast as it can be), 'exitN' (its first N layers)."""
-    if name == "lookup":
-        return PromptLookupDraft()
-    if name == "int8":
-        return ModelDraft(quantize_model(model, 8, embeddings=True))
-    if name == "int4":
-        return ModelDraft(quantize_model(model, 4, group_size=32, embeddings=True))
-    if name.startswith("exit") and name[4:].isdigit():
-        return EarlyExitDraft(model, int(name[4:]))
-    raise ValueError(f"unknown draft {name!r}: use lookup, int8, int4 or exitN (N layers, e.g. exit6)")
 
 
 def _timed(run: Callable[[], SpeculativeResult | Generation]) -> tuple[SpeculativeResult | Generation, float, float]:
@@ -441,6 +370,20 @@ def bench_decode(args: argparse.Namespace) -> None:
           f"{p.memory_bound_bytes / 1e6:.3g} MB of weights per token.")
 
 
+def bench_kernels(args: argparse.Namespace) -> None:
+    """One decoding step's matrix-vector products per kernel (fp32, bf16, int8, int4), on the model's own matrices."""
+    model = benchmarked_model(args)
+    rows = linear_kernel_times(model, rounds=args.repeats)
+    print(f"{model.config.name}: microseconds per pass through each workload's matrices (x: [1, d_in]), every layer "
+          f"in turn so the weights come from memory, kernels interleaved, median of {args.repeats} rounds. "
+          "x fp32: the fp32 kernel's time / this one's (above 1: faster).")
+    width = max(len(r["kernel"]) for r in rows)
+    for workload in dict.fromkeys(r["workload"] for r in rows):
+        print(workload)
+        for r in (r for r in rows if r["workload"] == workload):
+            print(f"  {r['kernel']:{width}} {r['microseconds']:10.0f} us {r['speedup_vs_fp32']:6.2f}x fp32")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subparser per benchmark, each pointing at its function through `run`."""
     common = argparse.ArgumentParser(add_help=False)     # options every subcommand takes
@@ -481,6 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     dec = command(bench_decode, 15, "runs per timing (medians)")
     dec.add_argument("--context", type=int, default=64, metavar="N")
+
+    command(bench_kernels, 5, "rounds of every kernel (medians)")
     return parser
 
 
@@ -488,217 +433,8 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    print(machine())
+    print(cpu_line())
     args.run(args)
-
-
-
-# ---------------------------------------------------------------- one matrix product per kernel (quantization)
-
-def bench_linear_kernels(model: Model, rounds: int = 5, repeats: int = 3) -> list[dict]:
-    """Time one decode step's matrix-vector products (x: [1, d_in]) per kernel, on an fp32 model's real matrices.
-
-    Each workload runs through the matrices of all layers in turn, as decoding does, so that the weights come
-    from memory rather than cache. Kernels are interleaved round by round; the median round is reported.
-    Returns rows {workload, kernel, microseconds, speedup_vs_fp32}.
-    """
-    from .quantize import LINEARS
-    from .quantize_kernels import KERNELS
-    per_name = {n: [getattr(b, n).weight for b in model.weights.blocks]
-                for n in LINEARS if getattr(model.weights.blocks[0], n) is not None}
-    workloads = {f"{n} x{len(ws)}": ws for n, ws in per_name.items()}
-    workloads["all layer matrices (one decode step)"] = [w for ws in per_name.values() for w in ws]
-    workloads["lm_head"] = [model.weights.output.T]
-    matrices = {id(w): w for ws in workloads.values() for w in ws}
-    prepared = {k: {i: make(w) for i, w in matrices.items()} for k, make in KERNELS.items()}
-    gen = torch.Generator().manual_seed(0)
-    rows = []
-    for workload, ws in workloads.items():
-        xs = [torch.randn(1, w.shape[0], generator=gen) for w in ws]
-        times: dict[str, list[float]] = {k: [] for k in KERNELS}
-        for _ in range(rounds):
-            for k in KERNELS:
-                times[k].append(_seconds([prepared[k][id(w)] for w in ws], xs, repeats))
-        med = {k: statistics.median(t) for k, t in times.items()}
-        rows += [{"workload": workload, "kernel": k, "microseconds": t * 1e6,
-                  "speedup_vs_fp32": med["fp32 x @ W"] / t} for k, t in med.items()]
-    return rows
-
-
-def _seconds(fns: list[Callable[[torch.Tensor], torch.Tensor]], xs: list[torch.Tensor], repeats: int) -> float:
-    """Seconds per pass through all the matrices."""
-    fns[0](xs[0])                                           # warm-up: first-call allocations
-    tic = time.perf_counter()
-    for _ in range(repeats):
-        for f, x in zip(fns, xs):
-            f(x)
-    return (time.perf_counter() - tic) / repeats
-
-
-# ---------------------------------------------------------------- does one-token decoding wait on memory?
-
-MEMORY_BOUND_SLACK = 1.5    # memory-bound: a step takes at most this × the time its weight bytes take to stream
-RESOLVED_SHARE = 0.1        # the time outside the matrix products is a difference of two medians: below this share
-                            # of the step it is within the runs' noise, and nothing is computed from it
-
-
-def _stored_bytes(w) -> int:
-    """Bytes a weight holds: a tensor's, or a quantized matrix's codes, scales and zero points."""
-    return int(w.nbytes)
-
-
-def weight_bytes_per_token(model: Model) -> int:
-    """Bytes of weights one decoding step reads: every layer's matrices, biases and norms, the final norm and the
-    LM head once each, plus the one embedding row looked up (two with learned positions). A tied LM head is the
-    token table: it is read in full by the head, so the looked-up row is counted once more (it is the same
-    memory, read twice)."""
-    w = model.weights
-    layer = [x for b in w.blocks for x in vars(b).values() if x is not None]
-    tensors = [p for x in layer + [w.output_norm] for p in (x.weight, x.bias) if p is not None] + [w.output]
-    rows = [w.token_embd[0]] + ([w.position_embd[0]] if w.position_embd is not None else [])
-    return sum(map(_stored_bytes, tensors)) + sum(map(_stored_bytes, rows))
-
-
-def _is_matmul(func) -> bool:
-    return func.__name__.split(".")[0] in ("mm", "addmm", "matmul", "bmm", "linear", "_weight_int8pack_mm",
-                                           "_weight_int4pack_mm_for_cpu")
-
-
-def count_ops(fn: Callable[[], object]) -> tuple[int, int]:
-    """(torch operations fn dispatches, how many of them are matrix products): each is one kernel call with its own
-    fixed cost (argument checks, output allocation), however little it computes. Views count too."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Count(TorchDispatchMode):
-        ops = matmuls = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.ops += 1
-            self.matmuls += _is_matmul(func)
-            return func(*args, **(kwargs or {}))
-
-    with Count() as counter:
-        fn()
-    return counter.ops, counter.matmuls
-
-
-def _median_seconds(fn: Callable[[], object], repeats: int, before: Callable[[], object] = lambda: None) -> float:
-    """Median wall seconds of fn over `repeats` runs (before() runs untimed ahead of each): a moment when another
-    process takes the CPU delays one run, not the answer."""
-    fn()                                                    # warm-up: first-call allocations
-    seconds = []
-    for _ in range(repeats):
-        before()
-        tic = time.perf_counter()
-        fn()
-        seconds.append(time.perf_counter() - tic)
-    return statistics.median(seconds)
-
-
-def pass_seconds(model: Model, ids: Sequence[int], *, cached: int = 0, repeats: int = 5) -> float:
-    """Median wall seconds of one unrecorded forward pass over ids[cached:] with ids[:cached] already in a KV
-    cache (cached=0: the whole of ids in one pass, the logits of the last position only, as generation needs).
-    cached=len(ids) - 1 times one decoding step at a context of len(ids)."""
-    from .kv_cache import KVCache
-    from .walk import forward
-    if not 0 <= cached < len(ids):
-        raise ValueError(f"cached must be in [0, {len(ids)}) for {len(ids)} ids, got {cached!r}")
-    cache = KVCache.empty(model.config, len(ids)) if cached else None
-    if cache is not None:
-        forward(model, ids[:cached], cache, record=False, last_only=True)
-    return _median_seconds(lambda: forward(model, ids[cached:], cache, record=False, last_only=True), repeats,
-                           before=lambda: cache.truncate(cached) if cache is not None else None)
-
-
-def _step_products(model: Model) -> Callable[[], None]:
-    """The matrix products of one decoding step alone, in the order the step runs them (fast.matvec, fast.lm_head,
-    as forward(record=False) runs them), on random vectors."""
-    from .fast import lm_head, matvec
-    gen = torch.Generator().manual_seed(0)
-    mats = [lin.weight for b in model.weights.blocks for lin in (b.attn_q, b.attn_k, b.attn_v, b.attn_output,
-                                                                 b.ffn_gate, b.ffn_up, b.ffn_down) if lin is not None]
-    xs = [torch.randn(1, w.shape[0], generator=gen) for w in mats]
-    final = torch.randn(1, model.config.d_model, generator=gen)
-
-    def run() -> None:
-        for w, x in zip(mats, xs):
-            matvec(x, w)
-        lm_head(final, model.weights.output)
-    return run
-
-
-@dataclass(frozen=True)
-class DecodeProfile:
-    """One decoding step of a model on this machine: the bytes it must read, how fast memory delivers them, and
-    where the step's time goes. Times are medians of repeated runs."""
-
-    weight_bytes: int        # weights one step reads (weight_bytes_per_token)
-    bandwidth: float         # bytes/s of a plain sum over a tensor far larger than the CPU's caches
-    step_seconds: float      # one cached decoding step (forward of one token)
-    matmul_seconds: float    # the same step's matrix products alone, back to back
-    n_ops: int               # torch operations (kernel calls) one step dispatches
-    n_matmuls: int           # of which matrix products
-
-    @property
-    def roofline_seconds(self) -> float:
-        """The fastest a step can be if reading its weights is all it does: weight bytes ÷ bandwidth."""
-        return self.weight_bytes / self.bandwidth
-
-    @property
-    def matmul_bandwidth(self) -> float:
-        """Bytes/s the matrix products stream the weights at (the matrices are nearly all of weight_bytes)."""
-        return self.weight_bytes / self.matmul_seconds
-
-    @property
-    def outside_seconds(self) -> float:
-        """Step time spent outside the matrix products: the other operations' fixed costs."""
-        return max(self.step_seconds - self.matmul_seconds, 0.0)
-
-    @property
-    def slow_matmul_seconds(self) -> float:
-        """Step time the matrix products take beyond streaming the weights at the plain sum's rate (at most the
-        step's time beyond its reading time: the two medians are timed apart)."""
-        return min(max(self.matmul_seconds - self.roofline_seconds, 0.0),
-                   max(self.step_seconds - self.roofline_seconds, 0.0))
-
-    @property
-    def splits(self) -> bool:
-        """Whether the step's time beyond its reading time splits into the matrix products' excess and the rest:
-        reading ≤ matrix products ≤ step (timed apart, either can come out faster than the other allows)."""
-        return self.roofline_seconds <= self.matmul_seconds <= self.step_seconds
-
-    @property
-    def overhead_resolved(self) -> bool:
-        """Whether the time outside the matrix products is large enough (RESOLVED_SHARE of the step) to tell apart
-        from the noise of two separately timed medians."""
-        return self.outside_seconds >= RESOLVED_SHARE * self.step_seconds
-
-    @property
-    def memory_bound(self) -> bool:
-        """True when the step takes at most MEMORY_BOUND_SLACK × its roofline time: memory is what it waits on."""
-        return self.step_seconds <= MEMORY_BOUND_SLACK * self.roofline_seconds
-
-    @property
-    def memory_bound_bytes(self) -> float:
-        """Weight bytes from which a step with this fixed overhead would be memory-bound: overhead + B / bandwidth
-        ≤ SLACK · B / bandwidth, i.e. B ≥ overhead · bandwidth / (SLACK − 1) — if its matrix products streamed at the
-        plain sum's rate (large matrices come close) and the overhead stayed what it is here (it grows with the
-        number of layers, not with their width)."""
-        return self.outside_seconds * self.bandwidth / (MEMORY_BOUND_SLACK - 1)
-
-
-def decode_profile(model: Model, context: int = 64, repeats: int = 15) -> DecodeProfile:
-    """Measure one decoding step at `context` positions: its time, its matrix products' time, its operations, and
-    this machine's memory bandwidth (memory_bandwidth). Medians of `repeats` runs each."""
-    from .kv_cache import KVCache
-    from .walk import forward
-    ids = eval_ids(model, context)
-    step = pass_seconds(model, ids, cached=context - 1, repeats=repeats)
-    matmuls = _median_seconds(_step_products(model), repeats)
-    cache = KVCache.empty(model.config, context)
-    forward(model, ids[:-1], cache, record=False, last_only=True)
-    n_ops, n_matmuls = count_ops(lambda: forward(model, ids[-1:], cache, record=False, last_only=True))
-    return DecodeProfile(weight_bytes_per_token(model), memory_bandwidth(), step, matmuls, n_ops, n_matmuls)
 
 
 if __name__ == "__main__":

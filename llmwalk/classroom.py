@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import platform
 import re
 import time
 from dataclasses import dataclass
@@ -157,12 +156,6 @@ def measure_class(n: int, notebook: Path = NOTEBOOK, *, env: dict[str, str] | No
     return asyncio.run(_class(n, Path(notebook), kernel_env(env), timeout, prelude))
 
 
-def machine() -> str:
-    from .bench import cpu_model
-    total = int(re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text()).group(1)) / 2**20
-    return f"{cpu_model()}, {os.cpu_count()} cores, {total:.0f} GB RAM, {platform.platform()}"
-
-
 def report(runs: dict[int, list[Memory]]) -> str:
     """A table per run of kernels."""
     lines = []
@@ -195,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="run the notebook as if Gemma-3 were not installed (SmolLM2 only)")
     args = parser.parse_args(argv)
     env = dict(item.split("=", 1) for item in args.env)
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {machine()}")
+    from .machine import memory_line        # imports torch: only the measuring command needs it
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {memory_line()}")
     print(f"notebook: {args.notebook}{' without Gemma-3' * args.without_gemma}; kernel environment: "
           f"{env or 'inherited'}; {'plain kernels' if args.plain_kernel else 'the class kernel (llmwalk.classroom)'}",
           flush=True)

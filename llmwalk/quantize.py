@@ -219,7 +219,7 @@ def int8_matmul(x: Tensor, q: QuantizedTensor) -> Tensor:
 
     The kernel reads int8 codes [d_out, d_in] and one scale per output. On CPU it is fast only with bf16
     activations: on an AVX-512 machine about 2x faster than fp32 x @ W over SmolLM2's layer matrices and 4x
-    on its LM head, while with fp32 activations it is 3x slower than fp32. See `bench.bench_linear_kernels`.
+    on its LM head, while with fp32 activations it is 3x slower than fp32. See `timings.linear_kernel_times`.
     """
     codes, scales = q.kernel
     return torch.ops.aten._weight_int8pack_mm(x.bfloat16().contiguous(), codes, scales).to(x.dtype)

@@ -1,5 +1,5 @@
 """One matrix product per kernel: the ways a decode step's x @ W can run for a weight stored in fp32, bf16, int8 or
-int4 (dequantize first, or torch's packed-integer kernels as quantize_model uses them). `bench.bench_linear_kernels`
+int4 (dequantize first, or torch's packed-integer kernels as quantize_model uses them). `timings.linear_kernel_times`
 times them side by side; tests/test_quantize.py checks each computes x @ W."""
 from __future__ import annotations
 

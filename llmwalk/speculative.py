@@ -27,6 +27,7 @@ from .checks import is_int
 from .i18n import t
 from .generation import Answer, cut_at_eos, prepare
 from .kv_cache import KVCache
+from .quantize import quantize_model
 from .sampling import Sampler
 from .walk import forward
 from .weights import Config, count_params
@@ -255,6 +256,21 @@ class EarlyExitDraft(ModelDraft):
 
     def __init__(self, model: "Model", n_layers: int):
         super().__init__(early_exit_model(model, n_layers))
+
+
+def draft_by_name(model: "Model", name: str) -> Draft:
+    """'lookup' (prompt lookup, 3-grams), 'int8' / 'int4' (the model quantized, LM head too: a draft should be as
+    fast as it can be), 'exitN' (its first N layers)."""
+    if name == "lookup":
+        return PromptLookupDraft()
+    if name == "int8":
+        return ModelDraft(quantize_model(model, 8, embeddings=True))
+    if name == "int4":
+        return ModelDraft(quantize_model(model, 4, group_size=32, embeddings=True))
+    if name.startswith("exit") and name[4:].isdigit():
+        return EarlyExitDraft(model, int(name[4:]))
+    raise ValueError(f"unknown draft {name!r}: use lookup, int8, int4 or exitN (N layers, e.g. exit6)")
+
 
 
 # ---------------------------------------------------------------- generation

@@ -13,10 +13,8 @@ def test_no_module_of_llmwalk_imports_itself_through_others():
 
 def test_nothing_in_the_package_imports_the_benchmarks():
     """bench.py is a command at the top of the graph: what the claims or the lessons need from it (its prompts, its
-    kernels) lives in a module of its own. The classroom memory benchmark (classroom.py) is the other command at the
-    top, and may share bench's CPU name."""
-    assert [module for module, deps in architecture.import_graph().items()
-            if "bench" in deps and module != "classroom"] == []
+    kernels, the timings the notebooks print, the CPU's name) lives in a module of its own."""
+    assert [module for module, deps in architecture.import_graph().items() if "bench" in deps] == []
 
 
 def test_the_readmes_architecture_table_lists_the_dependencies_the_imports_have():

@@ -130,6 +130,27 @@ def test_bench_prefill_ratio_is_theirs_over_ours(run_bench, monkeypatch):
     assert rows == ["     8 |     0.008          0.024 |  3.00x", "    12 |     0.012          0.036 |  3.00x"]
 
 
+def test_bench_kernels_table(run_bench, monkeypatch, tiny):
+    """With made-up times (the i-th kernel of KERNELS takes i + 1 ms per pass), every workload lists every kernel
+    with its microseconds and the fp32 kernel's time over its own: the 2 layers' matrices by name, all of them
+    together, the LM head."""
+    from llmwalk import timings
+    from llmwalk.quantize_kernels import KERNELS
+    calls = iter(range(10**6))
+    monkeypatch.setattr(timings, "_seconds_per_pass", lambda fns, xs, repeats: (next(calls) % len(KERNELS) + 1) / 1e3)
+    out = run_bench("kernels", "--repeats", "3", "--threads", "1")
+    check_machine_line(out[0])
+    workloads = [line for line in out[2:] if not line.startswith("  ")]
+    assert workloads == ["attn_q x2", "attn_k x2", "attn_v x2", "attn_output x2", "ffn_gate x2", "ffn_up x2",
+                         "ffn_down x2", "all layer matrices (one decode step)", "lm_head"]
+    rows = [line.split() for line in out[2:] if line.startswith("  ")]
+    assert len(rows) == len(workloads) * len(KERNELS)
+    for i, row in enumerate(rows):
+        k = i % len(KERNELS)
+        assert " ".join(row[:-4]) == list(KERNELS)[k]
+        assert row[-4:] == [f"{1000 * (k + 1)}", "us", f"{1 / (k + 1):.2f}x", "fp32"]
+
+
 class PrefixCachingLlama:
     """What llama-cpp-python's Llama.generate does with a prompt it has seen: the common prefix with the previous
     run's tokens stays in its KV cache and is not evaluated again (reset=True or not), unless reset() came first."""

@@ -69,6 +69,30 @@ def stdlib_imports() -> set[str]:
     return {n for n in names if n.split(".")[0] in sys.stdlib_module_names}
 
 
+
+POSIX_ONLY = {"resource", "fcntl", "pwd", "grp", "termios", "tty", "pty", "posix", "syslog", "crypt"}
+
+
+def top_level_imports(path: Path) -> set[str]:
+    """The modules a file imports when it is itself imported: its body's imports, not a function's."""
+    names = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_no_module_imports_a_posix_only_module_when_it_is_imported():
+    """Windows has no `resource`, `fcntl`, `pwd`, …: a module importing one at its top breaks every notebook that
+    imports it there (the notebooks' timings once did, through bench.py's peak memory). Inside a function, behind
+    a fallback, is fine."""
+    assert "resource" in stdlib_imports()                       # the collection sees the one used in a function
+    found = {path.relative_to(REPO).as_posix(): top_level_imports(path) & POSIX_ONLY
+             for path in sorted(PACKAGE.rglob("*.py"))}
+    assert {path: names for path, names in found.items() if names} == {}
+
 UNDER_OTHER_PYTHON = """import importlib, pathlib, sys
 files = sorted(pathlib.Path(sys.argv[1]).rglob("*.py"))
 for f in files:
