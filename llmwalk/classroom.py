@@ -1,6 +1,6 @@
 """The memory a class takes: N Jupyter kernels, each running a notebook's code cells, measured from /proc (Linux).
 
-    python -m llmwalk.classroom [--kernels 1 4 8] [--notebook notebooks/04_layers.ipynb] [--env MALLOC_ARENA_MAX=2]
+    python -m llmwalk.classroom [--kernels 1 4 8] [--notebook notebooks/04_layers.ipynb] [--ksm] [--plain-kernel]
 
 The converted weights are one safetensors file that every kernel memory-maps copy-on-write: its pages sit in the page
 cache once, however many kernels read them. A kernel's PSS (proportional set size) charges each page it shares with
@@ -10,8 +10,9 @@ lives: anonymous memory (the heap, malloc's arenas, torch's buffers, the traces 
 or file that this process wrote (a shared library's relocations: copied on write), and clean file pages nobody else
 maps.
 
-A class's kernels also load this module as an IPython extension (`load_ipython_extension`, below): the hub's kernel
-spec does, and so does this measurement unless told `--plain-kernel`.
+A class's kernels (class_kernel.py, the hub's kernel spec; this measurement's too unless told `--plain-kernel`) load
+this module as an IPython extension (`load_ipython_extension`, below). Where KSM merges the pages those kernels hold
+alike, the merged pages count 1/n in each of the n kernels, as shared file pages do (`--ksm` switches it on here).
 """
 from __future__ import annotations
 
@@ -19,16 +20,19 @@ import argparse
 import asyncio
 import os
 import re
+import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
+from .class_kernel import ksm_available, ksm_running, merge_identical_pages, wait_for_ksm, write_spec
 from .tokens import return_freed_heap
 
 WEIGHTS_SUFFIX = ".safetensors"
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "04_layers.ipynb"
 KERNEL = "llmwalk"
-CLASS_KERNEL = "%load_ext llmwalk.classroom"    # what the hub's kernel spec loads at start, as a first cell
 WITHOUT_GEMMA = "import llmwalk\nllmwalk.is_installed = lambda name: False   # the notebook's cells as if Gemma-3 were not installed"
 
 
@@ -87,6 +91,7 @@ def load_ipython_extension(ip) -> None:
     the OS after it (glibc keeps freed small blocks otherwise). Measured on 04: ~50 MB less per kernel (README)."""
     ip.displayhook.cache_size, ip.displayhook.do_full_cache = 0, False
     ip.events.register("post_run_cell", _after_cell)
+    merge_identical_pages()         # pages alike in every student's kernel: one copy where KSM runs (class_kernel.py)
 
 
 def _after_cell(result) -> None:
@@ -113,9 +118,10 @@ def kernel_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, **(extra or {})}
 
 
-async def _class(n: int, notebook: Path, env: dict[str, str], timeout: int, prelude: str) -> list[Memory]:
-    """Start n kernels, run every code cell of `notebook` in each at the same time (after `prelude`, if any), measure
-    them all, stop them."""
+async def _class(n: int, notebook: Path, env: dict[str, str], timeout: int, prelude: str,
+                 settle: Callable[[list[int]], None]) -> list[Memory]:
+    """Start n kernels, run every code cell of `notebook` in each at the same time (after `prelude`, if any), wait for
+    settle(their pids) once all are done, measure them all, stop them."""
     import nbformat
     from nbclient import NotebookClient
     done, measured = [asyncio.Event() for _ in range(n)], asyncio.Event()
@@ -144,6 +150,7 @@ async def _class(n: int, notebook: Path, env: dict[str, str], timeout: int, prel
         for t in tasks:
             if t.done() and t.exception():
                 raise t.exception()
+        await asyncio.to_thread(settle, pids)
         return [memory(pid) for pid in pids]
     finally:
         measured.set()
@@ -151,9 +158,34 @@ async def _class(n: int, notebook: Path, env: dict[str, str], timeout: int, prel
 
 
 def measure_class(n: int, notebook: Path = NOTEBOOK, *, env: dict[str, str] | None = None, prelude: str = "",
-                  timeout: int = 1800) -> list[Memory]:
-    """The memory of each of n kernels (kernel name 'llmwalk') that each ran `notebook`'s code cells, all alive."""
-    return asyncio.run(_class(n, Path(notebook), kernel_env(env), timeout, prelude))
+                  class_kernel: bool = True, ksm: bool = False, timeout: int = 1800) -> list[Memory]:
+    """The memory of each of n kernels (kernel name 'llmwalk') that each ran `notebook`'s code cells, all alive.
+
+    class_kernel: the kernels a class runs (class_kernel.py's launcher and this module's extension, the spec the
+    hub writes); else the venv's own. ksm: KSM switched on for the measurement (root), and the kernels measured
+    once it has gone over their pages twice after the last cell."""
+    with tempfile.TemporaryDirectory() as folder, _jupyter_path(Path(folder) if class_kernel else None):
+        if class_kernel:
+            write_spec(Path(folder))
+        if not ksm:
+            return asyncio.run(_class(n, Path(notebook), kernel_env(env), timeout, prelude, lambda pids: None))
+        with ksm_running():
+            return asyncio.run(_class(n, Path(notebook), kernel_env(env), timeout, prelude, wait_for_ksm))
+
+
+@contextmanager
+def _jupyter_path(folder: Path | None) -> Iterator[None]:
+    """Kernel specs found in `folder` first (jupyter_client reads JUPYTER_PATH whenever it looks a spec up)."""
+    before = os.environ.get("JUPYTER_PATH")
+    if folder is not None:
+        os.environ["JUPYTER_PATH"] = os.pathsep.join([str(folder), *([before] if before else [])])
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("JUPYTER_PATH", None)
+        else:
+            os.environ["JUPYTER_PATH"] = before
 
 
 def report(runs: dict[int, list[Memory]]) -> str:
@@ -183,20 +215,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                         help="an environment variable for the kernels (e.g. MALLOC_ARENA_MAX=2); repeatable")
     parser.add_argument("--plain-kernel", action="store_true",
-                        help="kernels without the class's extension (which keeps no Out cache and trims the heap)")
+                        help="the venv's own kernels, not the class's (class_kernel.py: the extension, which keeps no "
+                             "Out cache and trims the heap, and the fixed layout that lets KSM merge their pages)")
+    parser.add_argument("--ksm", action="store_true",
+                        help="switch KSM on for the measurement (root; the hub's configuration does it on a server), "
+                             "and measure once it has merged what it can")
     parser.add_argument("--without-gemma", action="store_true",
                         help="run the notebook as if Gemma-3 were not installed (SmolLM2 only)")
     args = parser.parse_args(argv)
+    if args.ksm and not ksm_available():
+        parser.error("--ksm needs Linux with KSM (/sys/kernel/mm/ksm) and root, to switch it on")
     env = dict(item.split("=", 1) for item in args.env)
     from .machine import memory_line        # imports torch: only the measuring command needs it
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {memory_line()}")
     print(f"notebook: {args.notebook}{' without Gemma-3' * args.without_gemma}; kernel environment: "
-          f"{env or 'inherited'}; {'plain kernels' if args.plain_kernel else 'the class kernel (llmwalk.classroom)'}",
-          flush=True)
-    prelude = "\n".join([*([] if args.plain_kernel else [CLASS_KERNEL]), *([WITHOUT_GEMMA] if args.without_gemma else [])])
+          f"{env or 'inherited'}; {'plain kernels' if args.plain_kernel else 'the class kernel (llmwalk.class_kernel)'}; "
+          f"KSM {'switched on, measured after it merged' if args.ksm else 'as the machine has it'}", flush=True)
+    prelude = WITHOUT_GEMMA if args.without_gemma else ""
     runs = {}
     for n in args.kernels:
-        runs[n] = measure_class(n, args.notebook, env=env, prelude=prelude)
+        runs[n] = measure_class(n, args.notebook, env=env, prelude=prelude, class_kernel=not args.plain_kernel,
+                                ksm=args.ksm)
         print(report({n: runs[n]}), flush=True)
     for n, mb in (per_learner(runs) if 1 in runs else {}).items():
         print(f"each learner beyond the first, from 1 to {n} kernels: {mb:.0f} MB")

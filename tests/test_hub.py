@@ -26,7 +26,7 @@ import nbformat
 import pytest
 import requests
 
-from llmwalk import classroom, model_cache, models
+from llmwalk import class_kernel, classroom, model_cache, models
 from markers import gemma_installed
 
 pytest.importorskip("jupyterhub", reason="the class server test needs the classroom extra: pip install -e '.[classroom]'")
@@ -114,7 +114,8 @@ c.JupyterHub.load_roles.append({{"name": "teacher", "services": ["teacher"],
                                  "scopes": ["admin:users", "admin:servers", "tokens", "access:servers"]}})
 """)
         path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-        env = dict(os.environ, PYTHONPATH=path, LLMWALK_CACHE=str(cache), LLMWALK_HUB_STATE=str(state))
+        # LLMWALK_KSM=0: the test machine's KSM setting is left alone (test_class_kernel measures the merging).
+        env = dict(os.environ, PYTHONPATH=path, LLMWALK_CACHE=str(cache), LLMWALK_HUB_STATE=str(state), LLMWALK_KSM="0")
         self.log = open(root / "jupyterhub.log", "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=state, env=env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
@@ -322,10 +323,12 @@ def test_four_students_run_a_notebook_at_once_through_the_hub(tmp_path, read_onl
 
         running = hub.processes()
         mem = {pid: classroom.memory(pid) for pid in running}
-        kernels = [pid for pid, cmd in running.items() if "ipykernel_launcher" in cmd]
-        assert len(kernels) == len(STUDENTS), running
-        assert all("--InteractiveShellApp.extra_extensions=llmwalk.classroom" in running[p] for p in kernels), \
-            "the students' kernels are not the class's kernel spec (llmwalk.classroom loaded)"
+        kernels = [pid for pid, cmd in running.items() if "-m llmwalk.class_kernel" in cmd]
+        assert len(kernels) == len(STUDENTS), f"the students' kernels are not the class's kernel spec: {running}"
+        for pid in kernels:      # the layout KSM can merge (test_class_kernel.py), the extension loaded (it asks)
+            assert int(Path(f"/proc/{pid}/personality").read_text(), 16) & class_kernel.ADDR_NO_RANDOMIZE, pid
+            assert b"PYTHONHASHSEED=0" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"), pid
+            assert class_kernel.merges(pid) or not Path(f"/proc/{pid}/ksm_stat").exists(), pid
         print(f"\nthe class's memory (PSS, MB), {len(STUDENTS)} students having run {NOTEBOOK}:")
         for role, pids in (("hub, proxy, culler", [p for p in running if p not in kernels and "singleuser" not in
                                                    running[p]]),

@@ -156,3 +156,15 @@ def test_a_file_copied_moments_ago_counts_as_shared(tmp_path):
         for reader in readers:
             reader.kill()
             reader.wait()
+
+
+def test_the_graders_cached_layer_holds_the_models_own_weights_not_a_copy(smollm2, monkeypatch):
+    """The FFN exercise's real case (SmolLM2's layer 3, cached for the life of the kernel) passes the checkpoint's
+    [out, in] layout as views of the shared weights: a copy would cost every learner's kernel 10.6 MB of its own."""
+    from llmwalk.exercises import catalogue
+    monkeypatch.setattr(catalogue, "load_model", lambda progress=True: smollm2)
+    x, w_gate, w_up, w_down = catalogue._smollm2_layer3.__wrapped__()
+    block, c = smollm2.weights.blocks[3], smollm2.config
+    assert (w_gate.shape, w_up.shape, w_down.shape) == ((c.d_ff, c.d_model), (c.d_ff, c.d_model), (c.d_model, c.d_ff))
+    assert [w.data_ptr() for w in (w_gate, w_up, w_down)] == \
+        [lin.weight.data_ptr() for lin in (block.ffn_gate, block.ffn_up, block.ffn_down)]

@@ -12,7 +12,6 @@
 # server's own accounts), the memory limit (MEM_LIMIT, from the measurement in README.md), and the spawner's
 # options. tests/test_hub.py runs this file with two replacements only: a test authenticator (DummyAuthenticator)
 # and a spawner that runs every student as the current user (SimpleLocalProcessSpawner, which enforces no limit).
-import json
 import os
 import pwd
 import shutil
@@ -28,8 +27,10 @@ VENV_BIN = Path(sys.executable).parent          # the hub runs from the venv the
 # complete cache without writing to it.
 CACHE = os.environ.get("LLMWALK_CACHE", "/srv/llmwalk-cache")
 # Per student: a JupyterLab server (~140 MB PSS) and a kernel per open notebook; a class kernel that ran 04 (SmolLM2
-# and Gemma-3, traces included) holds ~420 MB of its own, ~290 MB with SmolLM2 only (README.md, "Memory per student");
-# the weights are shared. 1.5 GB: a server and two notebooks' kernels. Enforced by SystemdSpawner (cgroup MemoryMax).
+# and Gemma-3, traces included) holds ~420 MB of its own, ~270 MB with SmolLM2 only, less where KSM merges what the
+# kernels hold alike (README.md, "Memory per student"); the weights are shared. 1.5 GB: a server and two notebooks'
+# kernels, without counting on KSM (a merged page stays charged to the cgroup of the kernel that had it first). Enforced by
+# SystemdSpawner (cgroup MemoryMax).
 MEM_LIMIT = os.environ.get("LLMWALK_MEM_LIMIT", "1.5G")
 STATE = Path(os.environ.get("LLMWALK_HUB_STATE", "/srv/llmwalk-hub"))   # the hub's database, secret, kernel spec
 NOTEBOOKS = REPO / "notebooks"
@@ -59,14 +60,21 @@ c.Spawner.environment = {
     # One torch thread per kernel: thirty kernels with a thread per core each would fight over the same cores.
     "OMP_NUM_THREADS": "1",
 }
-# The students' kernel: the venv's `llmwalk` kernel (the name the notebooks ask for) with llmwalk.classroom loaded as
-# an IPython extension, which keeps no Out[n] cache of every figure and gives a cell's freed heap back to the OS
-# (~50 MB less per kernel, README "Memory per student"). Written at each hub start; JUPYTER_PATH finds it first.
-KERNEL_SPEC = STATE / "jupyter" / "kernels" / "llmwalk"
-KERNEL_SPEC.mkdir(parents=True, exist_ok=True)
-_spec = json.loads((VENV_BIN.parent / "share" / "jupyter" / "kernels" / "llmwalk" / "kernel.json").read_text())
-_spec["argv"] += ["--InteractiveShellApp.extra_extensions=llmwalk.classroom"]
-(KERNEL_SPEC / "kernel.json").write_text(json.dumps(_spec, indent=1))
+# The students' kernel (llmwalk/class_kernel.py), under the name the notebooks ask for: the venv's Python started with
+# its address-space layout fixed and llmwalk.classroom loaded as an IPython extension, which keeps no Out[n] cache of
+# every figure, gives a cell's freed heap back to the OS, and lets the Linux kernel merge the pages every student's
+# kernel holds alike (the imports, the model's tokenizer: README "Memory per student"). Written at each hub start;
+# JUPYTER_PATH finds it before the venv's own spec.
+from llmwalk.class_kernel import KSM, ksm_available, write_spec  # noqa: E402 (the hub runs from the venv)
+
+write_spec(STATE / "jupyter", str(VENV_BIN / "python"))
+# KSM (kernel samepage merging) stores a page that many kernels hold alike once. Switched on here when the hub runs
+# as root on Linux; LLMWALK_KSM=0 leaves the server's setting alone. Its trade-off: the ksmd thread scans memory
+# (pages_to_scan pages every 20 ms; 2 % of one core measured, README), and a process can tell by timing whether another holds a
+# page identical to one it writes — for a class's kernels running the same notebooks, nothing worth hiding.
+if os.environ.get("LLMWALK_KSM", "1") != "0" and ksm_available():
+    (KSM / "pages_to_scan").write_text(os.environ.get("LLMWALK_KSM_PAGES_TO_SCAN", "1000"))
+    (KSM / "run").write_text("1")
 c.Spawner.environment["JUPYTER_PATH"] = str(STATE / "jupyter")
 c.Spawner.http_timeout = 120                    # a first start on a busy server imports JupyterLab slowly
 c.Spawner.start_timeout = 120

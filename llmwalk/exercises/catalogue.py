@@ -296,11 +296,14 @@ def _swiglu_reference(x: Tensor, w_gate: Tensor, w_up: Tensor, w_down: Tensor) -
 @lru_cache(maxsize=1)
 def _smollm2_layer3() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """What SmolLM2's layer-3 FFN reads for "The capital of France is", and its weights as the checkpoint stores
-    them ([out, in]; llmwalk keeps them as [in, out]).  # x [5, 576], w_gate/w_up [1536, 576], w_down [576, 1536]"""
+    them ([out, in]; llmwalk keeps them as [in, out]).  # x [5, 576], w_gate/w_up [1536, 576], w_down [576, 1536]
+
+    The weights are transposed views of the model's own, as notebook 04 passes them: a copy kept in this cache
+    would cost every learner's kernel 10.6 MB of memory of its own (the model's weights are shared between kernels)."""
     model = load_model(progress=False)
     block = model.weights.blocks[3]
     x = forward(model, model.tokenizer.encode(PROMPT)).layers[3].ffn_in
-    return x, *(w.weight.T.contiguous() for w in (block.ffn_gate, block.ffn_up, block.ffn_down))
+    return x, *(w.weight.T for w in (block.ffn_gate, block.ffn_up, block.ffn_down))
 
 
 def _ffn_weights(d: int, d_ff: int, seed: int) -> tuple[Tensor, Tensor, Tensor]:
