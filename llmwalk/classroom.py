@@ -22,7 +22,7 @@ import os
 import re
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -163,14 +163,13 @@ def measure_class(n: int, notebook: Path = NOTEBOOK, *, env: dict[str, str] | No
 
     class_kernel: the kernels a class runs (class_kernel.py's launcher and this module's extension, the spec the
     hub writes); else the venv's own. ksm: KSM switched on for the measurement (root), and the kernels measured
-    once it has gone over their pages twice after the last cell."""
-    with tempfile.TemporaryDirectory() as folder, _jupyter_path(Path(folder) if class_kernel else None):
+    once it has merged what it can (class_kernel.wait_for_ksm)."""
+    settle = wait_for_ksm if ksm else (lambda pids: None)
+    with tempfile.TemporaryDirectory() as folder, _jupyter_path(Path(folder) if class_kernel else None), \
+            (ksm_running() if ksm else nullcontext()):
         if class_kernel:
             write_spec(Path(folder))
-        if not ksm:
-            return asyncio.run(_class(n, Path(notebook), kernel_env(env), timeout, prelude, lambda pids: None))
-        with ksm_running():
-            return asyncio.run(_class(n, Path(notebook), kernel_env(env), timeout, prelude, wait_for_ksm))
+        return asyncio.run(_class(n, Path(notebook), kernel_env(env), timeout, prelude, settle))
 
 
 @contextmanager

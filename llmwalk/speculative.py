@@ -272,7 +272,6 @@ def draft_by_name(model: "Model", name: str) -> Draft:
     raise ValueError(f"unknown draft {name!r}: use lookup, int8, int4 or exitN (N layers, e.g. exit6)")
 
 
-
 # ---------------------------------------------------------------- generation
 
 @dataclass(frozen=True)

@@ -10,9 +10,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .accuracy import eval_ids
+from .fast import lm_head, matvec
+from .kv_cache import KVCache
 from .machine import memory_bandwidth
+from .quantize import LINEARS
+from .quantize_kernels import KERNELS
+from .walk import forward
 
 if TYPE_CHECKING:
     from .models import Model
@@ -27,8 +33,6 @@ def linear_kernel_times(model: Model, rounds: int = 5, repeats: int = 3) -> list
     from memory rather than cache. Kernels are interleaved round by round; the median round is reported.
     Returns rows {workload, kernel, microseconds, speedup_vs_fp32}.
     """
-    from .quantize import LINEARS
-    from .quantize_kernels import KERNELS
     per_name = {n: [getattr(b, n).weight for b in model.weights.blocks]
                 for n in LINEARS if getattr(model.weights.blocks[0], n) is not None}
     workloads = {f"{n} x{len(ws)}": ws for n, ws in per_name.items()}
@@ -92,8 +96,6 @@ def _is_matmul(func) -> bool:
 def count_ops(fn: Callable[[], object]) -> tuple[int, int]:
     """(torch operations fn dispatches, how many of them are matrix products): each is one kernel call with its own
     fixed cost (argument checks, output allocation), however little it computes. Views count too."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     class Count(TorchDispatchMode):
         ops = matmuls = 0
 
@@ -124,8 +126,6 @@ def pass_seconds(model: Model, ids: Sequence[int], *, cached: int = 0, repeats: 
     """Median wall seconds of one unrecorded forward pass over ids[cached:] with ids[:cached] already in a KV
     cache (cached=0: the whole of ids in one pass, the logits of the last position only, as generation needs).
     cached=len(ids) - 1 times one decoding step at a context of len(ids)."""
-    from .kv_cache import KVCache
-    from .walk import forward
     if not 0 <= cached < len(ids):
         raise ValueError(f"cached must be in [0, {len(ids)}) for {len(ids)} ids, got {cached!r}")
     cache = KVCache.empty(model.config, len(ids)) if cached else None
@@ -138,7 +138,6 @@ def pass_seconds(model: Model, ids: Sequence[int], *, cached: int = 0, repeats: 
 def _step_products(model: Model) -> Callable[[], None]:
     """The matrix products of one decoding step alone, in the order the step runs them (fast.matvec, fast.lm_head,
     as forward(record=False) runs them), on random vectors."""
-    from .fast import lm_head, matvec
     gen = torch.Generator().manual_seed(0)
     mats = [lin.weight for b in model.weights.blocks for lin in (b.attn_q, b.attn_k, b.attn_v, b.attn_output,
                                                                  b.ffn_gate, b.ffn_up, b.ffn_down) if lin is not None]
@@ -215,8 +214,6 @@ class DecodeProfile:
 def decode_profile(model: Model, context: int = 64, repeats: int = 15) -> DecodeProfile:
     """Measure one decoding step at `context` positions: its time, its matrix products' time, its operations, and
     this machine's memory bandwidth (memory_bandwidth). Medians of `repeats` runs each."""
-    from .kv_cache import KVCache
-    from .walk import forward
     ids = eval_ids(model, context)
     step = pass_seconds(model, ids, cached=context - 1, repeats=repeats)
     matmuls = _median_seconds(_step_products(model), repeats)

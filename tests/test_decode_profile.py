@@ -39,7 +39,7 @@ def test_pass_seconds_leaves_the_cache_as_it_found_it_and_checks_cached(smollm2,
     ids = smollm2.tokenizer.encode("The capital of France is")
     seen = []
     real = lw.walk.forward
-    monkeypatch.setattr(lw.walk, "forward", lambda m, x, cache=None, **kw: (
+    monkeypatch.setattr(timings, "forward", lambda m, x, cache=None, **kw: (
         seen.append((len(x), cache.length if cache is not None else 0)), real(m, x, cache, **kw))[1])
     timings.pass_seconds(smollm2, ids, cached=len(ids) - 1, repeats=3)
     # the prefix once, then warm-up and 3 timed steps, each one token after the same cached prefix

@@ -27,10 +27,10 @@ VENV_BIN = Path(sys.executable).parent          # the hub runs from the venv the
 # complete cache without writing to it.
 CACHE = os.environ.get("LLMWALK_CACHE", "/srv/llmwalk-cache")
 # Per student: a JupyterLab server (~140 MB PSS) and a kernel per open notebook; a class kernel that ran 04 (SmolLM2
-# and Gemma-3, traces included) holds ~420 MB of its own, ~270 MB with SmolLM2 only, less where KSM merges what the
-# kernels hold alike (README.md, "Memory per student"); the weights are shared. 1.5 GB: a server and two notebooks'
-# kernels, without counting on KSM (a merged page stays charged to the cgroup of the kernel that had it first). Enforced by
-# SystemdSpawner (cgroup MemoryMax).
+# and Gemma-3, traces included) holds ~380 MB of its own, ~250 MB with SmolLM2 only, and ~200 / ~65 MB where KSM
+# merges what the kernels hold alike (README.md, "Memory per student"); the weights are shared. 1.5 GB: a server and
+# two notebooks' kernels, without counting on KSM (a merged page stays charged to the cgroup of the kernel that had
+# it first). Enforced by SystemdSpawner (cgroup MemoryMax).
 MEM_LIMIT = os.environ.get("LLMWALK_MEM_LIMIT", "1.5G")
 STATE = Path(os.environ.get("LLMWALK_HUB_STATE", "/srv/llmwalk-hub"))   # the hub's database, secret, kernel spec
 NOTEBOOKS = REPO / "notebooks"
@@ -70,8 +70,9 @@ from llmwalk.class_kernel import KSM, ksm_available, write_spec  # noqa: E402 (t
 write_spec(STATE / "jupyter", str(VENV_BIN / "python"))
 # KSM (kernel samepage merging) stores a page that many kernels hold alike once. Switched on here when the hub runs
 # as root on Linux; LLMWALK_KSM=0 leaves the server's setting alone. Its trade-off: the ksmd thread scans memory
-# (pages_to_scan pages every 20 ms; 2 % of one core measured, README), and a process can tell by timing whether another holds a
-# page identical to one it writes — for a class's kernels running the same notebooks, nothing worth hiding.
+# (pages_to_scan pages every 20 ms; 2 % of one core measured, README), and a process can tell by timing whether
+# another holds a page identical to one it writes — for a class's kernels running the same notebooks, nothing worth
+# hiding.
 if os.environ.get("LLMWALK_KSM", "1") != "0" and ksm_available():
     (KSM / "pages_to_scan").write_text(os.environ.get("LLMWALK_KSM_PAGES_TO_SCAN", "1000"))
     (KSM / "run").write_text("1")
