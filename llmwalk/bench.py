@@ -139,15 +139,28 @@ def warm_up(*runs: Callable[[], object]) -> None:
         run()
 
 
+# The format nearest SmolLM2's GGUF file, which llama.cpp runs: its layers are Q4_1, whose numbers this format
+# reproduces (test_quantize); its token table / LM head is Q8_0 there, 4-bit here.
+GGUF_LIKE = "int4 g32 asym + head"
+FORMATS: dict[str, Callable[[Model], Model]] = {       # the number formats decoding is timed in: name -> the model
+    "llmwalk fp32": lambda m: m,
+    "int8 layers": lambda m: quantize_model(m, 8),
+    "int8 layers + head": lambda m: quantize_model(m, 8, embeddings=True),
+    "int4 g32 asym layers": lambda m: quantize_model(m, 4, 32, symmetric=False),
+    "int4 g32 asym + head": lambda m: quantize_model(m, 4, 32, symmetric=False, embeddings=True)}
+
+
 def bench_generate(args: argparse.Namespace) -> None:
     """Time to first token, decode tokens/s and peak memory: llmwalk with/without KV cache vs transformers."""
     model = benchmarked_model(args)
     head = decoding_head(model)      # made once per model, like transformers' own conversion at load time
+    small = FORMATS[GGUF_LIKE](model)
     hf = load_transformers(args.model)
     llm = load_llama_cpp(args.model, max(args.prompt_lengths) + args.new_tokens)
     resettable = reset_peak_rss()
-    print(f"{model.config.name}, fp32, greedy, {args.new_tokens} new tokens, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads. Median of {args.repeats} interleaved runs (no cache: 1 run).")
+    print(f"{model.config.name}, fp32 (and '{GGUF_LIKE}', nearest the GGUF file llama.cpp runs), greedy, "
+          f"{args.new_tokens} new tokens, torch {torch.__version__}, {torch.get_num_threads()} threads. Median of "
+          f"{args.repeats} interleaved runs (no cache: 1 run).")
     print("decode tok/s = 1 / median seconds per token after the first; x: speed relative to the other (higher is "
           "faster; TTFT: transformers' seconds / llmwalk's). "
           "'+head': generate(head=decoding_head(model)), the LM head stored [d_model, vocab].")
@@ -167,6 +180,7 @@ def bench_generate(args: argparse.Namespace) -> None:
         ids = eval_ids(model, n)
         fast: dict[str, Run] = {"llmwalk cache +head": llmwalk_run(model, ids, args.new_tokens, True, head),
                                 "llmwalk cache": llmwalk_run(model, ids, args.new_tokens, True, None),
+                                "llmwalk int4 + head": llmwalk_run(small, ids, args.new_tokens, True, None),
                                 "transformers (cache)": transformers_run(hf, ids, args.new_tokens)}
         if llm is not None:
             fast["llama.cpp (same GGUF)"] = llama_cpp_run(llm, ids, args.new_tokens)
@@ -182,6 +196,11 @@ def bench_generate(args: argparse.Namespace) -> None:
             ratios = (f"{t.tokens_per_second / hf_tps:>14.2f}x {t.tokens_per_second / no_cache_tps:>10.2f}x"
                       f"{hf_ttft / t.ttft:>20.2f}x" if name.startswith("llmwalk cache") else "")
             print(f"{n:>6} | {name:22} {t.ttft:>7.3f} {t.tokens_per_second:>12.1f} {t.peak_mb:>8.0f} | {ratios}")
+        if llm is not None:
+            ours, theirs = med["llmwalk int4 + head"], med["llama.cpp (same GGUF)"]
+            print(f"{n:>6} | llmwalk int4 + head vs llama.cpp on its own file: decode "
+                  f"{ours.tokens_per_second / theirs.tokens_per_second:.2f}x, time to first token "
+                  f"{theirs.ttft / ours.ttft:.2f}x (llama.cpp's seconds / llmwalk's; above 1: llmwalk is faster)")
 
 
 def bench_prefill(args: argparse.Namespace) -> None:
@@ -213,11 +232,7 @@ def bench_quantization(args: argparse.Namespace) -> None:
     """Decode speed and weight memory of the quantized model (torch's int8 / int4 kernels) vs fp32 and transformers."""
     from .quantize import model_weight_bytes
     model = benchmarked_model(args)
-    variants = {"llmwalk fp32": model,
-                "int8 layers": quantize_model(model, 8),
-                "int8 layers + head": quantize_model(model, 8, embeddings=True),
-                "int4 g32 asym layers": quantize_model(model, 4, 32, symmetric=False),
-                "int4 g32 asym + head": quantize_model(model, 4, 32, symmetric=False, embeddings=True)}
+    variants = {name: make(model) for name, make in FORMATS.items()}
     ids = eval_ids(model, args.prompt_length)
     runs = {name: llmwalk_run(m, ids, args.new_tokens, True, None) for name, m in variants.items()}
     runs["transformers fp32"] = transformers_run(load_transformers(args.model), ids, args.new_tokens)
@@ -356,18 +371,20 @@ def bench_widgets(args: argparse.Namespace) -> None:
 
 
 def bench_decode(args: argparse.Namespace) -> None:
-    """What one decoding step waits on: bytes, bandwidth, matrix products, operations (decode_profile).
+    """What one decoding step waits on, per number format: bytes, bandwidth, matrix products, operations.
 
-    Is the step memory-bound here, and if not, where does its time go."""
+    Is the step memory-bound here, and if not, where does its time go (decode_profile)."""
     model = benchmarked_model(args)
-    p = decode_profile(model, args.context, args.repeats)
-    print(f"{model.config.name}, one decoding step at context {args.context}, medians of {args.repeats} runs: "
-          f"{p.weight_bytes / 1e6:.0f} MB of weights read; plain-sum bandwidth {p.bandwidth / 1e9:.3g} GB/s, so "
-          f"{1000 * p.roofline_seconds:.3g} ms to read them; step {1000 * p.step_seconds:.3g} ms, of which matrix products "
-          f"{1000 * p.matmul_seconds:.3g} ms ({p.matmul_bandwidth / 1e9:.3g} GB/s); {p.n_ops} torch operations, "
-          f"{p.n_matmuls} of them matrix products. Memory-bound (step <= {MEMORY_BOUND_SLACK} x reading time): "
-          f"{'yes' if p.memory_bound else 'no'}; at this overhead, memory-bound from about "
-          f"{p.memory_bound_bytes / 1e6:.3g} MB of weights per token.")
+    for name in args.formats:
+        p = decode_profile(FORMATS[name](model), args.context, args.repeats)
+        print(f"{model.config.name} {name}, one decoding step at context {args.context}, medians of {args.repeats} "
+              f"runs: {p.weight_bytes / 1e6:.0f} MB of weights read; plain-sum bandwidth {p.bandwidth / 1e9:.3g} GB/s, "
+              f"so {1000 * p.roofline_seconds:.3g} ms to read them; step {1000 * p.step_seconds:.3g} ms "
+              f"({p.roofline_seconds / p.step_seconds:.0%} of the roofline), of which matrix products "
+              f"{1000 * p.matmul_seconds:.3g} ms ({p.matmul_bandwidth / 1e9:.3g} GB/s); {p.n_ops} torch operations, "
+              f"{p.n_matmuls} of them matrix products. Memory-bound (step <= {MEMORY_BOUND_SLACK} x reading time): "
+              f"{'yes' if p.memory_bound else 'no'}; at this overhead, memory-bound from about "
+              f"{p.memory_bound_bytes / 1e6:.3g} MB of weights per token.")
 
 
 def bench_kernels(args: argparse.Namespace) -> None:
@@ -424,6 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     dec = command(bench_decode, 15, "runs per timing (medians)")
     dec.add_argument("--context", type=int, default=64, metavar="N")
+    dec.add_argument("--formats", nargs="+", default=["llmwalk fp32"], choices=list(FORMATS), metavar="FORMAT",
+                     help=f"number formats, each profiled in turn: {', '.join(map(repr, FORMATS))}")
 
     command(bench_kernels, 5, "rounds of every kernel (medians)")
     return parser

@@ -34,7 +34,8 @@ def rope_angles(positions: Tensor, d_head: int, theta: float) -> tuple[Tensor, T
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """Rotate each (x_i, x_{i+d/2}) pair by its position's angle.  # [n_head, T, d_head] -> same"""
     half = x.shape[-1] // 2
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)     # the angles are computed in fp32; follow bf16 weights
+    if cos.dtype != x.dtype:                        # the angles are computed in fp32; follow bf16 weights
+        cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 

@@ -17,7 +17,7 @@ from torch import Tensor
 from . import layers
 from .embedding import apply_rope
 from .kv_cache import LayerCache
-from .layers import AttentionOut, Hook, Stages, gate, merge_heads, no_hook, split_qkv
+from .layers import AttentionOut, Hook, Stages, gate, merge_heads, no_hook, split_heads, split_qkv
 from .quantize import QuantizedTensor
 from .weights import Block, Config, Linear, Norm
 
@@ -73,17 +73,29 @@ def lm_head(x: Tensor, output: Tensor) -> Tensor:
     return torch.bmm(x.expand(parts, 1, -1), blocks).view(1, vocab)
 
 
+def fused_whole(lins: Sequence[Linear]) -> QuantizedTensor | None:
+    """The one quantized matrix that lins' weights are the consecutive column slices of, in order (quantize_model
+    (fuse=True) stores q/k/v and gate/up so), or None: then each is its own product.  # -> [d_in, Σ d_out] or None"""
+    parts = [lin.weight.fused if isinstance(lin.weight, QuantizedTensor) else None for lin in lins]
+    if parts[0] is None or any(p is None or p.whole is not parts[0].whole for p in parts):
+        return None
+    ends = [0] + [p.end for p in parts]
+    if [p.start for p in parts] != ends[:-1] or ends[-1] != parts[0].whole.shape[1]:
+        return None
+    return parts[0].whole
+
+
 def linears(x: Tensor, lins: Sequence[Linear]) -> list[Tensor]:
     """[linear(x, l) for l in lins], as one product when their weights are the column slices of one quantized
-    matrix (quantize_model(fuse=True) stores q/k/v and gate/up so): one kernel call per token instead of three.
+    matrix (fused_whole): one kernel call per token instead of three, its output split in one operation.
 
     # [T, d_in] -> [[T, d_out_i]]
     """
-    parts = [lin.weight.fused if isinstance(lin.weight, QuantizedTensor) else None for lin in lins]
-    if parts[0] is None or any(p is None or p.whole is not parts[0].whole for p in parts):
+    whole = fused_whole(lins)
+    if whole is None:
         return [linear(x, lin) for lin in lins]
-    y = x @ parts[0].whole                                      # [T, Σ d_out]
-    return [y[:, p.start:p.end] if lin.bias is None else y[:, p.start:p.end] + lin.bias for p, lin in zip(parts, lins)]
+    ys = whole.__rmatmul__(x).split([lin.weight.shape[1] for lin in lins], dim=1)    # [T, Σ d_out] in views
+    return [y if lin.bias is None else y + lin.bias for y, lin in zip(ys, lins)]
 
 
 def norm(x: Tensor, w: Norm, config: Config) -> Tensor:
@@ -103,6 +115,24 @@ def rope_together(q: Tensor, k: Tensor, rope: tuple[Tensor, Tensor] | None) -> t
     return qk[:q.shape[0]], qk[q.shape[0]:]
 
 
+def project_qkv(x: Tensor, block: Block, config: Config,
+                rope: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """layers.project_qkv in fewer operations: with q/k/v stored as one matrix, its product split into all the
+    heads at once (q's, then k's, then v's: the matrix's column order), q and k rotated as one tensor, then split.
+
+    # [T, d_model] -> ([n_head, T, d_head], [n_kv_head, T, d_head], [n_kv_head, T, d_head])
+    """
+    lins = (block.attn_q, block.attn_k, block.attn_v)
+    whole = fused_whole(lins)
+    if whole is None or block.attn_q_norm is not None or any(lin.bias is not None for lin in lins):
+        q, k, v = split_qkv(*linears(x, lins), block, config)
+        return (*rope_together(q, k, rope), v)
+    nh, nkv = config.n_head, config.n_kv_head
+    qk, v = split_heads(whole.__rmatmul__(x), nh + 2 * nkv).split([nh + nkv, nkv])  # (nh + nkv, T, hs), (nkv, T, hs)
+    q, k = (qk if rope is None else apply_rope(qk, *rope)).split([nh, nkv])
+    return q, k, v
+
+
 def attention(x: Tensor, block: Block, config: Config, mask: Tensor | None,
               rope: tuple[Tensor, Tensor] | None = None, cache: LayerCache | None = None,
               hook: Hook = no_hook) -> AttentionOut:
@@ -112,8 +142,7 @@ def attention(x: Tensor, block: Block, config: Config, mask: Tensor | None,
     building it, or no mask at all for one new token (decoding), which sees every position.
     # [T, d_model] -> [T, d_model]
     """
-    q, k, v = split_qkv(*linears(x, (block.attn_q, block.attn_k, block.attn_v)), block, config)
-    q, k = rope_together(q, k, rope)
+    q, k, v = project_qkv(x, block, config, rope)
     if cache is not None:
         k, v = cache.update(k, v)                                # (nkv, S, hs)
     z = hook("attn.z", (attend_one if x.shape[0] == 1 else attend_all)(q, k, v, mask, config))   # (nh, T, hs)

@@ -240,11 +240,19 @@ class QuantizedTable:
 
     head: QuantizedTensor       # [d_model, vocab]; one scale per vocabulary entry (and group)
 
-    def __getitem__(self, ids: Tensor) -> Tensor:
-        """Dequantize the rows of the looked-up tokens only.  # [T] -> [T, d_model]"""
-        h = self.head
+    def __getitem__(self, ids: Tensor | int) -> Tensor:
+        """Dequantize the rows of the looked-up tokens only, as indexing a table does: [T] ids give [T, d_model]
+        rows, one id (an int) one row [d_model].  # [T] -> [T, d_model]"""
+        h, one = self.head, torch.as_tensor(ids).dim() == 0
+        ids = torch.as_tensor(ids).reshape(-1)
         picked = QuantizedTensor(h.codes[:, ids], h.scales[:, ids], None if h.zeros is None else h.zeros[:, ids])
-        return dequantize_tensor(picked).T.contiguous()
+        rows = dequantize_tensor(picked).T.contiguous()
+        return rows[0] if one else rows
+
+    @property
+    def nbytes(self) -> int:
+        """Storage held: the quantized head's."""
+        return self.head.nbytes
 
     @property
     def T(self) -> QuantizedTensor:

@@ -13,10 +13,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .accuracy import eval_ids
-from .fast import lm_head, matvec
+from .fast import linears, lm_head
 from .kv_cache import KVCache
 from .machine import memory_bandwidth
-from .quantize import LINEARS
+from .quantize import FUSED, LINEARS
 from .quantize_kernels import KERNELS
 from .walk import forward
 
@@ -136,17 +136,18 @@ def pass_seconds(model: Model, ids: Sequence[int], *, cached: int = 0, repeats: 
 
 
 def _step_products(model: Model) -> Callable[[], None]:
-    """The matrix products of one decoding step alone, in the order the step runs them (fast.matvec, fast.lm_head,
-    as forward(record=False) runs them), on random vectors."""
+    """The matrix products of one decoding step alone, as forward(record=False) runs them, in its order, on random
+    vectors: fast.linears per group of linears that read the same input (one product where quantize_model stored the
+    group as one matrix), then fast.lm_head."""
     gen = torch.Generator().manual_seed(0)
-    mats = [lin.weight for b in model.weights.blocks for lin in (b.attn_q, b.attn_k, b.attn_v, b.attn_output,
-                                                                 b.ffn_gate, b.ffn_up, b.ffn_down) if lin is not None]
-    xs = [torch.randn(1, w.shape[0], generator=gen) for w in mats]
+    groups = [lins for b in model.weights.blocks
+              for lins in ([getattr(b, n) for n in names if getattr(b, n) is not None] for names in FUSED) if lins]
+    xs = [torch.randn(1, lins[0].weight.shape[0], generator=gen) for lins in groups]
     final = torch.randn(1, model.config.d_model, generator=gen)
 
     def run() -> None:
-        for w, x in zip(mats, xs):
-            matvec(x, w)
+        for lins, x in zip(groups, xs):
+            linears(x, lins)
         lm_head(final, model.weights.output)
     return run
 

@@ -4,6 +4,7 @@ line. Structure only: the timings of a shared test machine say nothing."""
 import dataclasses
 import re
 import sys
+import time
 
 import pytest
 import torch
@@ -51,11 +52,48 @@ def test_bench_generate_table(run_bench):
     assert bench.LLAMA_CPP_HINT in out and "pip install llama-cpp-python" in bench.LLAMA_CPP_HINT
     rows = [line for line in out if re.match(r"\s+\d+ \|", line)]
     assert [(int(r.split("|")[0]), r.split("|")[1][:23].strip()) for r in rows] == [
-        (n, name) for n in (8, 12) for name in ("llmwalk cache +head", "llmwalk cache", "transformers (cache)",
-                                                "llmwalk no cache +head")]
+        (n, name) for n in (8, 12) for name in ("llmwalk cache +head", "llmwalk cache", "llmwalk int4 + head",
+                                                "transformers (cache)", "llmwalk no cache +head")]
     for row in rows:
         ttft, tps, mb = map(float, row.split("|")[1][23:].split())     # three numbers (timings: not checked)
         assert (row.split("|")[2].count("x") == 3) == row.split("|")[1].startswith(" llmwalk cache")
+
+
+class FakeLlama:
+    """llama-cpp-python's Llama as llama_cpp_run uses it: reset(), then generate() yields a token every `seconds`
+    (the prompt takes `seconds` too)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def reset(self) -> None:
+        pass
+
+    def generate(self, ids, temp, reset):
+        while True:
+            time.sleep(self.seconds)
+            yield 0
+
+
+def test_bench_generate_puts_the_gguf_format_beside_llama_cpp(run_bench, monkeypatch):
+    """With llama.cpp installed: its row, and per prompt length one line with llmwalk's int4 + head decode speed
+    over llama.cpp's and llama.cpp's time to first token over llmwalk's, both from the rows above it."""
+    monkeypatch.setattr(bench, "load_llama_cpp", lambda name, context: FakeLlama(0.02))
+    out = run_bench("generate", "--prompt-lengths", "8", "--new-tokens", "3", "--repeats", "1", "--threads", "1")
+    assert bench.LLAMA_CPP_HINT not in out
+    rows = {r.split("|")[1][:23].strip(): r.split("|")[1][23:].split() for r in out if re.match(r"\s+8 \| \S", r)}
+    assert "llama.cpp (same GGUF)" in rows and "llmwalk int4 + head" in rows
+    (ttft, tps, _), (ttft_cpp, tps_cpp, _) = (map(float, rows[k]) for k in ("llmwalk int4 + head",
+                                                                           "llama.cpp (same GGUF)"))
+    assert tps_cpp == pytest.approx(50, rel=0.3)                      # the fake's one token per 20 ms
+    line = next(r for r in out if "vs llama.cpp on its own file" in r)
+    decode, first = map(float, re.findall(r"([\d.]+)x", line))
+
+    def within_rounding(ratio: float, top: float, bottom: float, half_step: float) -> bool:
+        """ratio (printed to 2 decimals) is top / bottom, each printed to within ±half_step."""
+        return (top - half_step) / (bottom + half_step) - 0.005 <= ratio <= (top + half_step) / (bottom - half_step) + 0.005
+    assert within_rounding(decode, tps, tps_cpp, 0.05)                # tok/s to 1 decimal
+    assert within_rounding(first, ttft_cpp, ttft, 0.0005)             # seconds to 3 decimals
 
 
 def test_bench_quantization_table(run_bench):

@@ -77,6 +77,20 @@ def test_bench_decode_prints_the_profile_with_its_verdict(smollm2, monkeypatch, 
     monkeypatch.setattr(bench, "load_model", lambda name, progress=True: smollm2)
     bench.main(["decode", "--context", "8", "--repeats", "1"])
     machine, line = capsys.readouterr().out.splitlines()
-    assert machine.startswith("CPU: ") and line.startswith(f"{smollm2.config.name}, one decoding step at context 8")
+    assert machine.startswith("CPU: ")
+    assert line.startswith(f"{smollm2.config.name} llmwalk fp32, one decoding step at context 8")
     assert f"{timings.weight_bytes_per_token(smollm2) / 1e6:.0f} MB of weights read" in line
     assert "Memory-bound (step <= 1.5 x reading time): " in line and ("yes;" in line or "no;" in line)
+
+
+def test_bench_decode_profiles_each_format_it_is_asked_for(smollm2, monkeypatch, capsys):
+    """One line per format, each with that format's bytes: a '+ head' format (its table quantized, looked up by
+    one id to count the row a step reads) is profiled too."""
+    monkeypatch.setattr(bench, "load_model", lambda name, progress=True: smollm2)
+    bench.main(["decode", "--context", "8", "--repeats", "1", "--formats", "llmwalk fp32", "int4 g32 asym + head"])
+    _, fp32, int4 = capsys.readouterr().out.splitlines()
+    small = bench.FORMATS["int4 g32 asym + head"](smollm2)
+    assert int4.startswith(f"{smollm2.config.name} int4 g32 asym + head, one decoding step")
+    assert f"{timings.weight_bytes_per_token(small) / 1e6:.0f} MB of weights read" in int4
+    assert timings.weight_bytes_per_token(small) < timings.weight_bytes_per_token(smollm2) / 5
+    assert "of the roofline)" in fp32 and "of the roofline)" in int4

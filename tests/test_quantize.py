@@ -12,7 +12,7 @@ from llmwalk.cost import weight_bytes
 from llmwalk.gguf_blocks import gguf_q4_1_blocks
 from llmwalk.layers import linear
 from llmwalk.models import REGISTRY, cache_dir
-from llmwalk import quantize
+from llmwalk import quantize, timings
 from llmwalk.accuracy import activation_outliers, compare_to_fp32, eval_text
 from llmwalk.quantize_kernels import KERNELS
 from llmwalk.quantize import (LINEARS, QuantizedTensor, dequantize_model, dequantize_tensor, model_weight_bytes,
@@ -149,6 +149,18 @@ def test_quantized_table_is_looked_up_and_multiplied(smollm2):
     assert (rows - smollm2.weights.token_embd[ids]).abs().max() < 0.01
     assert smollm2.tokenizer.decode([int(lw.forward(qm, ids).logits[-1].argmax())]) == " Paris"
     assert model_weight_bytes(dequantize_model(qm)) == model_weight_bytes(smollm2)
+
+
+def test_quantized_table_indexed_by_one_id_gives_one_row_as_a_tensor_does(smollm2):
+    """table[i] on a tensor is the row [d_model]; the quantized table answered with an error (a [d_model] that
+    dequantize could not split), so a decoding profile of a '+ head' format failed before it measured anything."""
+    qm = quantize_model(smollm2, 8, embeddings=True)
+    table = dequantize_model(qm).weights.token_embd
+    assert qm.weights.token_embd[7].shape == table[7].shape == (smollm2.config.d_model,)
+    assert torch.equal(qm.weights.token_embd[7], table[7])
+    assert torch.equal(qm.weights.token_embd[torch.tensor([7, 9])], table[[7, 9]])
+    # a step reads every weight once plus the row it looks up (the tied table is the LM head)
+    assert timings.weight_bytes_per_token(qm) == model_weight_bytes(qm) + table[7].nbytes
 
 
 def test_int8_weight_only_stays_close_to_fp32(smollm2, int8):
