@@ -22,6 +22,7 @@ import os
 import re
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,7 +170,18 @@ def measure_class(n: int, notebook: Path = NOTEBOOK, *, env: dict[str, str] | No
             (ksm_running() if ksm else nullcontext()):
         if class_kernel:
             write_spec(Path(folder))
-        return asyncio.run(_class(n, Path(notebook), kernel_env(env), timeout, prelude, settle))
+        return run_to_end(_class(n, Path(notebook), kernel_env(env), timeout, prelude, settle))
+
+
+def run_to_end(coroutine):
+    """asyncio.run(coroutine), also where this thread already runs an event loop (a notebook's kernel, a browser
+    test's Playwright), which asyncio.run refuses: there on a thread of its own, waited for."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 @contextmanager

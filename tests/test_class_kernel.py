@@ -69,3 +69,36 @@ def test_class_kernels_pages_alike_are_merged_and_plain_kernels_are_not(tmp_path
         for kind in ("class", "plain")}
     print(f"\nprivate anonymous MB after KSM, two kernels each: {private}")
     assert max(private["class"]) < 0.5 * min(private["plain"]), private
+
+
+def test_a_class_is_measured_from_a_thread_that_already_runs_an_event_loop():
+    """measure_class's coroutine runs to its end from inside a running loop too (a notebook's kernel; in the test run,
+    a worker that ran the browser test, whose Playwright keeps a loop running): asyncio.run alone refuses there, which
+    failed this module's KSM test whenever it came after the browser test on the same worker. Checked on a fresh
+    thread, which runs no loop whatever this worker ran before."""
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def which_thread():
+        await asyncio.sleep(0)
+        return threading.get_ident()
+
+    async def inside_a_loop():
+        return classroom.run_to_end(which_thread())
+
+    async def plain_asyncio_run_inside_a_loop():
+        coroutine = which_thread()
+        try:
+            return asyncio.run(coroutine)
+        finally:
+            coroutine.close()
+
+    def checks():
+        here = threading.get_ident()
+        assert classroom.run_to_end(which_thread()) == here                   # no loop: asyncio.run, here
+        assert asyncio.run(inside_a_loop()) != here                           # a loop: on a thread of its own
+        with pytest.raises(RuntimeError, match="running event loop"):        # what asyncio.run alone does
+            asyncio.run(plain_asyncio_run_inside_a_loop())
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(checks).result()
