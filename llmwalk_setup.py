@@ -425,8 +425,10 @@ def pytest_passes(args: list[str], environ: dict) -> list[tuple[dict, list]]:
     # skips this pass while you work on one test). The Chinese edition (notebooks/zh/) is left out of this pass: its
     # code cells equal the English ones (tests/test_editions.py proves it) and its printed numbers are the same
     # numbers, so the pass would repeat the English one and take as long; the first pass above covers it.
+    # numba's compiled decoding step (llmwalk/fast_decode.py) is compiled for this CPU too: NUMBA_CPU_NAME=generic
+    # compiles it for a plain x86-64 (SSE2, four lanes where this CPU may have sixteen), which sums in another order.
     if environ.get("LLMWALK_OTHER_CPU", "1") != "0":
-        passes.append((dict(env, ATEN_CPU_CAPABILITY="default"),
+        passes.append((dict(env, ATEN_CPU_CAPABILITY="default", NUMBA_CPU_NAME="generic"),
                        pytest + ["notebooks", "--ignore=notebooks/zh"] + nbval + parallel + args))
     return passes
 
@@ -435,8 +437,8 @@ def run_tests(args: list[str], call=subprocess.call) -> int:
     """Every pass runs even when one fails; the exit status is the last failing pass's (0 if all pass)."""
     status = 0
     for i, (env, cmd) in enumerate(pytest_passes(args, dict(os.environ))):
-        say("running the tests" if i == 0 else
-            "the notebooks again as another CPU computes them (ATEN_CPU_CAPABILITY=default, 1 thread)")
+        say("running the tests" if i == 0 else "the notebooks again as another CPU computes them "
+            "(ATEN_CPU_CAPABILITY=default, NUMBA_CPU_NAME=generic, 1 thread)")
         if DRY_RUN:
             run(cmd)
             continue

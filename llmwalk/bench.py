@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, fields
 from functools import partial
 from itertools import product
@@ -17,6 +18,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from . import fast_decode
 from .accuracy import eval_ids, eval_text
 from .generation import Generation, decoding_head, generate
 from .machine import cpu_line, memory_bandwidth, peak_rss_mb, reset_peak_rss
@@ -85,10 +87,13 @@ def median(timings: list[Timing]) -> Timing:
     return Timing(*(statistics.median(getattr(t, f.name) for t in timings) for f in fields(Timing)))
 
 
-def llmwalk_run(model: Model, ids: list[int], new_tokens: int, kv_cache: bool, head: torch.Tensor | None) -> Run:
-    """A greedy llmwalk generation of exactly new_tokens tokens."""
+def llmwalk_run(model: Model, ids: list[int], new_tokens: int, kv_cache: bool, head: torch.Tensor | None,
+                compiled: bool = True) -> Run:
+    """A greedy llmwalk generation of exactly new_tokens tokens (compiled=False: its decoding steps in torch's
+    operations, fast.py, as where numba is missing)."""
     def run() -> tuple[float, list[float]]:
-        g = generate(model, ids, new_tokens, kv_cache=kv_cache, stop_at_eos=False, head=head)
+        with nullcontext() if compiled else fast_decode.off():
+            g = generate(model, ids, new_tokens, kv_cache=kv_cache, stop_at_eos=False, head=head)
         return g.time_to_first_token, [s.seconds for s in g.steps[1:]]
     return run
 
@@ -148,6 +153,7 @@ FORMATS: dict[str, Callable[[Model], Model]] = {       # the number formats deco
     "int8 layers + head": lambda m: quantize_model(m, 8, embeddings=True),
     "int4 g32 asym layers": lambda m: quantize_model(m, 4, 32, symmetric=False),
     "int4 g32 asym + head": lambda m: quantize_model(m, 4, 32, symmetric=False, embeddings=True)}
+TORCH_OPS_FORMATS = ("llmwalk fp32", GGUF_LIKE)       # also timed as torch's operations, beside the compiled step
 
 
 def bench_generate(args: argparse.Namespace) -> None:
@@ -163,7 +169,9 @@ def bench_generate(args: argparse.Namespace) -> None:
           f"{args.repeats} interleaved runs (no cache: 1 run).")
     print("decode tok/s = 1 / median seconds per token after the first; x: speed relative to the other (higher is "
           "faster; TTFT: transformers' seconds / llmwalk's). "
-          "'+head': generate(head=decoding_head(model)), the LM head stored [d_model, vocab].")
+          "'+head': generate(head=decoding_head(model)), the LM head stored [d_model, vocab]. Decoding steps run "
+          f"compiled (fast_decode.py){'' if fast_decode.numba else ' where numba is installed (it is not here)'}; "
+          "'torch ops': as torch's operations one by one (fast.py).")
     print("peak MB = " + ("peak RSS during the run minus RSS before it (ru_maxrss, peak reset through "
                           "/proc/self/clear_refs before each run)" if resettable else
                           "process peak RSS so far (ru_maxrss; it only grows: runs go from short to long prompts)"))
@@ -172,7 +180,7 @@ def bench_generate(args: argparse.Namespace) -> None:
     warm = eval_ids(model, 8)
     warm_up(llmwalk_run(model, warm, 2, True, head), transformers_run(hf, warm, 2))
 
-    header = (f"{'prompt':>6} | {'':22} {'TTFT s':>7} {'decode tok/s':>12} {'peak MB':>8} | "
+    header = (f"{'prompt':>6} | {'':24} {'TTFT s':>7} {'decode tok/s':>12} {'peak MB':>8} | "
               f"{'vs transformers':>15} {'vs no cache':>11} {'TTFT vs transformers':>20}")
     print(header)
     print("-" * len(header))
@@ -180,6 +188,8 @@ def bench_generate(args: argparse.Namespace) -> None:
         ids = eval_ids(model, n)
         fast: dict[str, Run] = {"llmwalk cache +head": llmwalk_run(model, ids, args.new_tokens, True, head),
                                 "llmwalk cache": llmwalk_run(model, ids, args.new_tokens, True, None),
+                                "llmwalk cache, torch ops": llmwalk_run(model, ids, args.new_tokens, True, None,
+                                                                       compiled=False),
                                 "llmwalk int4 + head": llmwalk_run(small, ids, args.new_tokens, True, None),
                                 "transformers (cache)": transformers_run(hf, ids, args.new_tokens)}
         if llm is not None:
@@ -195,7 +205,7 @@ def bench_generate(args: argparse.Namespace) -> None:
         for name, t in med.items():
             ratios = (f"{t.tokens_per_second / hf_tps:>14.2f}x {t.tokens_per_second / no_cache_tps:>10.2f}x"
                       f"{hf_ttft / t.ttft:>20.2f}x" if name.startswith("llmwalk cache") else "")
-            print(f"{n:>6} | {name:22} {t.ttft:>7.3f} {t.tokens_per_second:>12.1f} {t.peak_mb:>8.0f} | {ratios}")
+            print(f"{n:>6} | {name:24} {t.ttft:>7.3f} {t.tokens_per_second:>12.1f} {t.peak_mb:>8.0f} | {ratios}")
         if llm is not None:
             ours, theirs = med["llmwalk int4 + head"], med["llama.cpp (same GGUF)"]
             print(f"{n:>6} | llmwalk int4 + head vs llama.cpp on its own file: decode "
@@ -229,42 +239,52 @@ def bench_prefill(args: argparse.Namespace) -> None:
 
 
 def bench_quantization(args: argparse.Namespace) -> None:
-    """Decode speed and weight memory of the quantized model (torch's int8 / int4 kernels) vs fp32 and transformers."""
+    """Decode speed and weight memory of every format (fp32, int8, int4, their LM head quantized too) against its
+    roofline, transformers and llama.cpp."""
     from .quantize import model_weight_bytes
     model = benchmarked_model(args)
     variants = {name: make(model) for name, make in FORMATS.items()}
     ids = eval_ids(model, args.prompt_length)
     runs = {name: llmwalk_run(m, ids, args.new_tokens, True, None) for name, m in variants.items()}
+    for name in TORCH_OPS_FORMATS:
+        runs[f"{name}, torch ops"] = llmwalk_run(variants[name], ids, args.new_tokens, True, None, compiled=False)
     runs["transformers fp32"] = transformers_run(load_transformers(args.model), ids, args.new_tokens)
     llm = load_llama_cpp(args.model, args.prompt_length + args.new_tokens)
     if llm is not None:
         runs["llama.cpp (same GGUF)"] = llama_cpp_run(llm, ids, args.new_tokens)
     print(f"{model.config.name}, greedy, prompt {args.prompt_length} tokens, {args.new_tokens} new tokens, torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads. decode tok/s = 1 / median seconds per token "
-          f"after the first, median of {args.repeats} interleaved runs. int8/int4: torch's CPU kernels with bf16 "
-          "activations; '+ head': the tied embedding table / LM head quantized too.")
+          f"after the first, median of {args.repeats} interleaved runs. Decoding steps run compiled "
+          f"(fast_decode.py{'' if fast_decode.numba else ': numba is not installed here, so they do not'}), the "
+          "quantized products rounding their inputs and outputs to bf16 as torch's kernels do; 'torch ops': the same "
+          "steps as torch's operations one by one (fast.py). '+ head': the tied embedding table / LM head quantized "
+          "too.")
     if llm is None:
         print(LLAMA_CPP_HINT)
     warm_up(*runs.values())
     times: dict[str, list[Timing]] = {name: [] for name in runs}
+    bandwidths = []
     for _ in range(args.repeats):
+        bandwidths.append(memory_bandwidth())          # each round beside the runs it bounds: the host's rate moves
         for name, run in runs.items():
             times[name].append(measure(run))
-    bandwidth = memory_bandwidth()
-    print(f"memory read bandwidth (sum over a 256 MB tensor, fastest of 5, this run): {bandwidth / 1e9:.1f} GB/s. "
-          "roofline: the format's weight bytes / bandwidth, its fastest possible decode; % roofline: how near "
-          "the format gets (below: per-operation overhead rather than memory bounds it).")
+    bandwidth = statistics.median(bandwidths)
+    print(f"memory read bandwidth (a sum over a 256 MB tensor, fastest of 5, before each round; median of the "
+          f"rounds, this run): {bandwidth / 1e9:.1f} GB/s (rounds: "
+          f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)}). roofline: the format's weight bytes / bandwidth, its "
+          "fastest possible decode (every weight read once per token); % roofline: how near the format gets.")
     fp32 = median(times["llmwalk fp32"]).tokens_per_second
-    print(f"{'weights':22} {'MB':>7} {'decode tok/s':>12} {'x llmwalk fp32':>14} {'roofline tok/s':>14} "
+    print(f"{'weights':33} {'MB':>7} {'decode tok/s':>12} {'x llmwalk fp32':>14} {'roofline tok/s':>14} "
           f"{'% roofline':>10}")
     for name, ts in times.items():
         tps = median(ts).tokens_per_second
-        if name in variants:
-            nbytes = model_weight_bytes(variants[name])
+        fmt = name.removesuffix(", torch ops")
+        if fmt in variants:
+            nbytes = model_weight_bytes(variants[fmt])
             limit = bandwidth / nbytes
-            print(f"{name:22} {nbytes / 1e6:7.1f} {tps:12.1f} {tps / fp32:13.2f}x {limit:14.1f} {tps / limit:10.0%}")
+            print(f"{name:33} {nbytes / 1e6:7.1f} {tps:12.1f} {tps / fp32:13.2f}x {limit:14.1f} {tps / limit:10.0%}")
         else:
-            print(f"{name:22} {'':7} {tps:12.1f} {tps / fp32:13.2f}x")
+            print(f"{name:33} {'':7} {tps:12.1f} {tps / fp32:13.2f}x")
 
 
 def _timed(run: Callable[[], SpeculativeResult | Generation]) -> tuple[SpeculativeResult | Generation, float, float]:
@@ -373,18 +393,24 @@ def bench_widgets(args: argparse.Namespace) -> None:
 def bench_decode(args: argparse.Namespace) -> None:
     """What one decoding step waits on, per number format: bytes, bandwidth, matrix products, operations.
 
-    Is the step memory-bound here, and if not, where does its time go (decode_profile)."""
+    Is the step memory-bound here, and if not, where does its time go (decode_profile): the compiled step that
+    generation runs, then the same step as torch's operations."""
     model = benchmarked_model(args)
     for name in args.formats:
-        p = decode_profile(FORMATS[name](model), args.context, args.repeats)
-        print(f"{model.config.name} {name}, one decoding step at context {args.context}, medians of {args.repeats} "
-              f"runs: {p.weight_bytes / 1e6:.0f} MB of weights read; plain-sum bandwidth {p.bandwidth / 1e9:.3g} GB/s, "
-              f"so {1000 * p.roofline_seconds:.3g} ms to read them; step {1000 * p.step_seconds:.3g} ms "
-              f"({p.roofline_seconds / p.step_seconds:.0%} of the roofline), of which matrix products "
-              f"{1000 * p.matmul_seconds:.3g} ms ({p.matmul_bandwidth / 1e9:.3g} GB/s); {p.n_ops} torch operations, "
-              f"{p.n_matmuls} of them matrix products. Memory-bound (step <= {MEMORY_BOUND_SLACK} x reading time): "
-              f"{'yes' if p.memory_bound else 'no'}; at this overhead, memory-bound from about "
-              f"{p.memory_bound_bytes / 1e6:.3g} MB of weights per token.")
+        variant = FORMATS[name](model)
+        for compiled in (True, False):
+            p = decode_profile(variant, args.context, args.repeats, compiled=compiled)
+            how = "compiled step" if p.compiled else "torch operations"
+            print(f"{model.config.name} {name}, {how}, one decoding step at context {args.context}, medians of "
+                  f"{args.repeats} runs: {p.weight_bytes / 1e6:.0f} MB of weights read; plain-sum bandwidth "
+                  f"{p.bandwidth / 1e9:.3g} GB/s, so {1000 * p.roofline_seconds:.3g} ms to read them; step "
+                  f"{1000 * p.step_seconds:.3g} ms ({p.roofline_seconds / p.step_seconds:.0%} of the roofline), of "
+                  f"which matrix products {1000 * p.matmul_seconds:.3g} ms ({p.matmul_bandwidth / 1e9:.3g} GB/s); "
+                  f"{p.n_ops} torch operations, {p.n_matmuls} of them matrix products. Memory-bound (step <= "
+                  f"{MEMORY_BOUND_SLACK} x reading time): {'yes' if p.memory_bound else 'no'}; at this overhead, "
+                  f"memory-bound from about {p.memory_bound_bytes / 1e6:.3g} MB of weights per token.")
+            if compiled and not p.compiled:
+                break                             # numba missing: the step is torch's operations either way
 
 
 def bench_kernels(args: argparse.Namespace) -> None:

@@ -101,21 +101,37 @@ class QuantizedTensor(MatrixLike):
         """The integer codes, unpacked.  # -> [d_in, d_out] int8"""
         return _code_rows(self).T
 
+    @property
+    def kernel_bits(self) -> int | None:
+        """8 or 4 when torch has the integer kernel for this format (its products then run in bf16), else None."""
+        if self.bits == 8 and self.zeros is None and self.scales.shape[0] == 1 and has_kernel(INT8_KERNEL):
+            return 8
+        if (self.bits == 4 and self.group_size in (32, 64, 128, 256) and has_kernel(INT4_KERNEL)
+                and has_kernel("_convert_weight_to_int4pack_for_cpu")):
+            return 4
+        return None
+
+    def kernel_scales(self) -> tuple[Tensor, Tensor | None]:
+        """The scales and shifts torch's kernel multiplies with, rounded to bf16 as it stores them: w = s·code for
+        int8; w = (u − 8)·s + z for int4 codes u = code + 8, so z = −s·zero.  # -> ([n_groups, d_out] x 2)"""
+        if self.kernel_bits == 8:
+            return self.scales[0].bfloat16(), None
+        shift = torch.zeros_like(self.scales) if self.zeros is None else -self.scales * self.zeros
+        return self.scales.bfloat16(), shift.bfloat16()
+
     @cached_property
     def kernel(self) -> tuple[Tensor, Tensor] | None:
         """The weight as torch's CPU kernel for its format reads it, prepared on first use; None: no kernel fits.
 
-        int8, one scale per column: codes [d_out, d_in] and bf16 scales. int4 in groups of 32…256: the kernel
-        computes (u − 8)·s + z from unsigned codes u = code + 8 in its own tiled layout, so w = s·(code − zero)
-        gives z = −s·zero. (That layout is a second copy of the 4-bit codes, made once, the size of `codes`.)
+        int8, one scale per column: codes [d_out, d_in] and bf16 scales. int4 in groups of 32…256: unsigned codes
+        in the kernel's own tiled layout and kernel_scales stacked. (That layout is a second copy of the 4-bit
+        codes, made once, the size of `codes`.)
         """
-        if self.bits == 8 and self.zeros is None and self.scales.shape[0] == 1 and has_kernel(INT8_KERNEL):
-            return self.codes.T, self.scales[0].bfloat16()
-        if (self.bits == 4 and self.group_size in (32, 64, 128, 256) and has_kernel(INT4_KERNEL)
-                and has_kernel("_convert_weight_to_int4pack_for_cpu")):
+        if self.kernel_bits == 8:
+            return self.codes.T, self.kernel_scales()[0]
+        if self.kernel_bits == 4:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(_code_rows(self).int() + 8, 1)
-            shift = torch.zeros_like(self.scales) if self.zeros is None else -self.scales * self.zeros
-            return packed, torch.stack([self.scales, shift], dim=-1).bfloat16()    # [n_groups, d_out, 2]
+            return packed, torch.stack(self.kernel_scales(), dim=-1)                   # [n_groups, d_out, 2]
         return None
 
     def columns(self, start: int, end: int) -> "QuantizedTensor":

@@ -25,6 +25,8 @@ def _checked(logits: Tensor) -> Tensor:
         raise ValueError(f"logits must be a floating-point tensor, got {getattr(logits, 'dtype', type(logits))}")
     if logits.dim() == 0 or logits.numel() == 0:
         raise ValueError(f"logits must be a non-empty [..., vocab] tensor, got shape {tuple(logits.shape)}")
+    if bool(logits.isfinite().all()):          # the usual case, in one pass: nothing below can fail
+        return logits.float() if logits.element_size() < 4 else logits
     # +inf is rejected with NaN: softmax turns it into NaN.
     if bad := int((logits.isnan() | logits.isposinf()).sum()):
         raise ValueError(f"logits must be finite or -inf, got {bad} NaN/+inf entries")

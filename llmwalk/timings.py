@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from . import fast_decode
 from .accuracy import eval_ids
 from .fast import linears, lm_head
 from .kv_cache import KVCache
@@ -163,6 +165,7 @@ class DecodeProfile:
     matmul_seconds: float    # the same step's matrix products alone, back to back
     n_ops: int               # torch operations (kernel calls) one step dispatches
     n_matmuls: int           # of which matrix products
+    compiled: bool = False   # the step ran compiled (fast_decode.py), not as torch's operations (fast.py)
 
     @property
     def roofline_seconds(self) -> float:
@@ -212,14 +215,22 @@ class DecodeProfile:
         return self.outside_seconds * self.bandwidth / (MEMORY_BOUND_SLACK - 1)
 
 
-def decode_profile(model: Model, context: int = 64, repeats: int = 15) -> DecodeProfile:
+def decode_profile(model: Model, context: int = 64, repeats: int = 15, *, compiled: bool = True) -> DecodeProfile:
     """Measure one decoding step at `context` positions: its time, its matrix products' time, its operations, and
-    this machine's memory bandwidth (memory_bandwidth). Medians of `repeats` runs each."""
-    ids = eval_ids(model, context)
-    step = pass_seconds(model, ids, cached=context - 1, repeats=repeats)
-    matmuls = _median_seconds(_step_products(model), repeats)
-    cache = KVCache.empty(model.config, context)
-    forward(model, ids[:-1], cache, record=False, last_only=True)
-    n_ops, n_matmuls = count_ops(lambda: forward(model, ids[-1:], cache, record=False, last_only=True))
-    return DecodeProfile(weight_bytes_per_token(model), memory_bandwidth(), step, matmuls, n_ops, n_matmuls)
+    this machine's memory bandwidth (memory_bandwidth). Medians of `repeats` runs each.
+
+    compiled=True: the step as generation runs it, compiled (fast_decode.py) where it can; compiled=False: torch's
+    operations one by one (fast.py), what generation runs without numba. DecodeProfile.compiled says which ran.
+    """
+    products = fast_decode.step_products(model) if compiled else None
+    with nullcontext() if products is not None else fast_decode.off():
+        ids = eval_ids(model, context)
+        step = pass_seconds(model, ids, cached=context - 1, repeats=repeats)
+        matmuls = _median_seconds(products or _step_products(model), repeats)
+        cache = KVCache.empty(model.config, context)
+        forward(model, ids[:-2], cache, record=False, last_only=True)
+        forward(model, ids[-2:-1], cache, record=False, last_only=True)     # a step's one-off costs, not counted
+        n_ops, n_matmuls = count_ops(lambda: forward(model, ids[-1:], cache, record=False, last_only=True))
+    return DecodeProfile(weight_bytes_per_token(model), memory_bandwidth(), step, matmuls, n_ops, n_matmuls,
+                         products is not None)
 

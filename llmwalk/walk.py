@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from . import fast
+from . import fast, fast_decode
 from .checks import is_int
 from .embedding import position_embedding, rope_angles, token_embedding
 from .head import lm_head
@@ -187,7 +187,8 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
 
     With a `cache`, `ids` are the new positions only: they attend to the cached ones, and the cache grows.
     record=False keeps no per-layer intermediates (for fast generation) and so runs the blocks with fast.FAST,
-    which never stores the attention weights; last_only computes logits for the last position only. `head`
+    which never stores the attention weights, or, for one new token after a cache with no hooks, the compiled step
+    of fast_decode.py; last_only computes logits for the last position only. `head`
     replaces weights.output in the LM head: the same [vocab, d_model] numbers stored in another memory order
     (generation.decoding_head).
     `hooks` maps a hook point "blocks.{i}.{point}" (see layers.block_forward) or "final_norm" (what the LM head
@@ -206,6 +207,9 @@ def forward(model: "Model", ids: Sequence[int] | Tensor, cache: KVCache | None =
     unchanged: list[str] = []
     hooked, final_hook = parse_hooks(hooks, config.n_layer, unchanged)
     positions = torch.arange(start, start + t)
+    if not record and fast_decode.can_step(model, t, cache, head, hooks):       # one token after the prompt
+        x0, final, logits = (torch.from_numpy(a)[None] for a in fast_decode.step(model, int(ids[0]), cache, head))
+        return Trace(ids, positions, x0, None, x0, [], final, logits)
 
     tok = token_embedding(ids, w.token_embd, config.embed_scale)
     pos = position_embedding(positions, w.position_embd) if config.position == "learned" else None

@@ -51,11 +51,12 @@ def test_bench_generate_table(run_bench):
     check_machine_line(out[0])
     assert bench.LLAMA_CPP_HINT in out and "pip install llama-cpp-python" in bench.LLAMA_CPP_HINT
     rows = [line for line in out if re.match(r"\s+\d+ \|", line)]
-    assert [(int(r.split("|")[0]), r.split("|")[1][:23].strip()) for r in rows] == [
-        (n, name) for n in (8, 12) for name in ("llmwalk cache +head", "llmwalk cache", "llmwalk int4 + head",
-                                                "transformers (cache)", "llmwalk no cache +head")]
+    assert [(int(r.split("|")[0]), r.split("|")[1][:25].strip()) for r in rows] == [
+        (n, name) for n in (8, 12) for name in ("llmwalk cache +head", "llmwalk cache", "llmwalk cache, torch ops",
+                                                "llmwalk int4 + head", "transformers (cache)",
+                                                "llmwalk no cache +head")]
     for row in rows:
-        ttft, tps, mb = map(float, row.split("|")[1][23:].split())     # three numbers (timings: not checked)
+        ttft, tps, mb = map(float, row.split("|")[1][25:].split())     # three numbers (timings: not checked)
         assert (row.split("|")[2].count("x") == 3) == row.split("|")[1].startswith(" llmwalk cache")
 
 
@@ -81,7 +82,7 @@ def test_bench_generate_puts_the_gguf_format_beside_llama_cpp(run_bench, monkeyp
     monkeypatch.setattr(bench, "load_llama_cpp", lambda name, context: FakeLlama(0.02))
     out = run_bench("generate", "--prompt-lengths", "8", "--new-tokens", "3", "--repeats", "1", "--threads", "1")
     assert bench.LLAMA_CPP_HINT not in out
-    rows = {r.split("|")[1][:23].strip(): r.split("|")[1][23:].split() for r in out if re.match(r"\s+8 \| \S", r)}
+    rows = {r.split("|")[1][:25].strip(): r.split("|")[1][25:].split() for r in out if re.match(r"\s+8 \| \S", r)}
     assert "llama.cpp (same GGUF)" in rows and "llmwalk int4 + head" in rows
     (ttft, tps, _), (ttft_cpp, tps_cpp, _) = (map(float, rows[k]) for k in ("llmwalk int4 + head",
                                                                            "llama.cpp (same GGUF)"))
@@ -103,11 +104,12 @@ def test_bench_quantization_table(run_bench):
     table = out[out.index(next(line for line in out if line.startswith("weights"))) + 1:]
     names = [re.split(r"\s{2,}", line)[0] for line in table]
     assert names == ["llmwalk fp32", "int8 layers", "int8 layers + head", "int4 g32 asym layers",
-                     "int4 g32 asym + head", "transformers fp32"]
+                     "int4 g32 asym + head", "llmwalk fp32, torch ops", "int4 g32 asym + head, torch ops",
+                     "transformers fp32"]
     assert table[0].split()[4] == "1.00x"                               # fp32 against itself
-    cols = {name: line[22:].split() for name, line in zip(names, table)}
+    cols = {name: line[33:].split() for name, line in zip(names, table)}
     mb = {name: float(c[0]) for name, c in cols.items() if name != "transformers fp32"}
-    assert mb["int4 g32 asym layers"] < mb["int8 layers"] < mb["llmwalk fp32"]
+    assert mb["int4 g32 asym layers"] < mb["int8 layers"] < mb["llmwalk fp32"] == mb["llmwalk fp32, torch ops"]
     gbps = float(re.search(r"bandwidth .*?: ([\d.]+) GB/s", "\n".join(out)).group(1))
     for name, (size, tps, _, limit, share) in ((n, c) for n, c in cols.items() if n in mb):
         # roofline = bandwidth / weight bytes, and % roofline = tok/s / roofline (to the printed rounding)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import llmwalk as lw
-from llmwalk import bench, cost, timings
+from llmwalk import bench, cost, fast_decode, timings
 
 
 def test_weight_bytes_per_token_is_every_parameter_once_plus_the_row_looked_up(smollm2):
@@ -26,11 +26,12 @@ def test_count_ops_counts_operations_and_matrix_products():
     assert timings.count_ops(lambda: torch.mm(x, w).relu() @ w.T) == (4, 2)   # mm, relu, transpose (a view), matmul
 
 
-def test_a_decoding_step_runs_one_product_per_weight_matrix(smollm2):
+def test_torchs_decoding_step_runs_one_product_per_weight_matrix(smollm2):
     c, ids = smollm2.config, smollm2.tokenizer.encode("The capital of France is")
     cache = lw.KVCache.empty(c, len(ids) + 1)
     lw.forward(smollm2, ids, cache, record=False, last_only=True)
-    ops, matmuls = timings.count_ops(lambda: lw.forward(smollm2, [ids[0]], cache, record=False, last_only=True))
+    with fast_decode.off():
+        ops, matmuls = timings.count_ops(lambda: lw.forward(smollm2, [ids[0]], cache, record=False, last_only=True))
     assert matmuls == c.n_layer * len(cost.block_matrices(c)) + 1        # 7 per layer, and the LM head
     assert ops > 3 * matmuls                                             # norms, RoPE, views, attention, ...
 
@@ -66,21 +67,36 @@ def test_decode_profile_verdict_is_the_printed_rule():
 
 
 def test_decode_profile_measures_the_model_it_is_given(smollm2):
-    p = timings.decode_profile(smollm2, context=16, repeats=1)
+    p = timings.decode_profile(smollm2, context=16, repeats=1, compiled=False)
     c = smollm2.config
-    assert p.weight_bytes == timings.weight_bytes_per_token(smollm2)
+    assert p.weight_bytes == timings.weight_bytes_per_token(smollm2) and not p.compiled
     assert p.n_matmuls == c.n_layer * len(cost.block_matrices(c)) + 1 and p.n_ops > p.n_matmuls
     assert p.step_seconds > 0 and p.matmul_seconds > 0 and p.bandwidth > 0
+
+
+def test_decode_profile_of_the_compiled_step(smollm2, monkeypatch):
+    """The step generation runs: compiled, no torch matrix product, a few torch operations around it (the embedding
+    row, RoPE's angles); its products timed through the compiled kernels."""
+    timed = []
+    products = fast_decode.step_products
+    monkeypatch.setattr(fast_decode, "step_products", lambda m: (timed.append(m), products(m))[1])
+    p = timings.decode_profile(smollm2, context=16, repeats=1)
+    assert p.compiled and timed == [smollm2]
+    assert p.n_matmuls == 0 and p.n_ops < 60
+    assert p.step_seconds > 0 and p.matmul_seconds > 0
 
 
 def test_bench_decode_prints_the_profile_with_its_verdict(smollm2, monkeypatch, capsys):
     monkeypatch.setattr(bench, "load_model", lambda name, progress=True: smollm2)
     bench.main(["decode", "--context", "8", "--repeats", "1"])
-    machine, line = capsys.readouterr().out.splitlines()
+    machine, compiled, eager = capsys.readouterr().out.splitlines()
     assert machine.startswith("CPU: ")
-    assert line.startswith(f"{smollm2.config.name} llmwalk fp32, one decoding step at context 8")
-    assert f"{timings.weight_bytes_per_token(smollm2) / 1e6:.0f} MB of weights read" in line
-    assert "Memory-bound (step <= 1.5 x reading time): " in line and ("yes;" in line or "no;" in line)
+    assert compiled.startswith(f"{smollm2.config.name} llmwalk fp32, compiled step, one decoding step at context 8")
+    assert eager.startswith(f"{smollm2.config.name} llmwalk fp32, torch operations, one decoding step at context 8")
+    for line in (compiled, eager):
+        assert f"{timings.weight_bytes_per_token(smollm2) / 1e6:.0f} MB of weights read" in line
+        assert "Memory-bound (step <= 1.5 x reading time): " in line and ("yes;" in line or "no;" in line)
+    assert " 0 of them matrix products" in compiled and " 0 of them" not in eager
 
 
 def test_bench_decode_profiles_each_format_it_is_asked_for(smollm2, monkeypatch, capsys):
@@ -88,9 +104,9 @@ def test_bench_decode_profiles_each_format_it_is_asked_for(smollm2, monkeypatch,
     one id to count the row a step reads) is profiled too."""
     monkeypatch.setattr(bench, "load_model", lambda name, progress=True: smollm2)
     bench.main(["decode", "--context", "8", "--repeats", "1", "--formats", "llmwalk fp32", "int4 g32 asym + head"])
-    _, fp32, int4 = capsys.readouterr().out.splitlines()
+    _, fp32, _, int4, _ = capsys.readouterr().out.splitlines()
     small = bench.FORMATS["int4 g32 asym + head"](smollm2)
-    assert int4.startswith(f"{smollm2.config.name} int4 g32 asym + head, one decoding step")
+    assert int4.startswith(f"{smollm2.config.name} int4 g32 asym + head, compiled step, one decoding step")
     assert f"{timings.weight_bytes_per_token(small) / 1e6:.0f} MB of weights read" in int4
     assert timings.weight_bytes_per_token(small) < timings.weight_bytes_per_token(smollm2) / 5
     assert "of the roofline)" in fp32 and "of the roofline)" in int4

@@ -200,7 +200,7 @@ def load_setup_script():
 
 def test_the_test_command_runs_both_passes_and_keeps_a_failure(monkeypatch):
     setup = load_setup_script()
-    for name in ("LLMWALK_OTHER_CPU", "LLMWALK_WORKERS", "ATEN_CPU_CAPABILITY"):
+    for name in ("LLMWALK_OTHER_CPU", "LLMWALK_WORKERS", "ATEN_CPU_CAPABILITY", "NUMBA_CPU_NAME"):
         monkeypatch.delenv(name, raising=False)
     calls = []
 
@@ -215,7 +215,7 @@ def test_the_test_command_runs_both_passes_and_keeps_a_failure(monkeypatch):
     assert "--nbval" in first and "--nbval" in second and "tests" not in second
     assert second[3:5] == ["notebooks", "--ignore=notebooks/zh"] and second[-2:] == ["-q", "-rs"]
     assert env1["OMP_NUM_THREADS"] == env2["OMP_NUM_THREADS"] == "1" and "ATEN_CPU_CAPABILITY" not in env1
-    assert env2["ATEN_CPU_CAPABILITY"] == "default"
+    assert env2["ATEN_CPU_CAPABILITY"] == "default" and env2["NUMBA_CPU_NAME"] == "generic" and "NUMBA_CPU_NAME" not in env1
     assert env1["PYTHONPATH"].split(os.pathsep)[0] == env2["PYTHONPATH"].split(os.pathsep)[0] == str(GUARD)
     assert setup.run_tests([], call=fake([0, 5])) == 5 and setup.run_tests([], call=fake([0, 0])) == 0
     monkeypatch.setenv("LLMWALK_OTHER_CPU", "0")

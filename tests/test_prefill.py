@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import llmwalk as lw
-from llmwalk import fast, layers
+from llmwalk import fast, fast_decode, layers
 from llmwalk.embedding import apply_rope, rope_angles
 from llmwalk.kv_cache import KVCache
 from llmwalk.fast import attention as attention_fast, norm as norm_fast, rope_together
@@ -101,11 +101,12 @@ def test_attention_fast_decoding_one_token(smollm2, window):
 
 
 def test_decoding_runs_one_fused_attention_per_layer(smollm2):
-    """A decoding step of an unrecorded forward reaches the fused kernel in every layer, without the plain path's
-    scores and softmax (the ~8 small operations per layer this fast path removes)."""
+    """A decoding step of an unrecorded forward in torch's operations (where the compiled step does not run) reaches
+    the fused kernel in every layer, without the plain path's scores and softmax (the ~8 small operations per layer
+    this fast path removes)."""
     cache = KVCache.empty(smollm2.config, 20)
     lw.forward(smollm2, torch.arange(16), cache, record=False, last_only=True)
-    with torch.profiler.profile() as prof:
+    with torch.profiler.profile() as prof, fast_decode.off():
         lw.forward(smollm2, [7], cache, record=False, last_only=True)
     counts = {e.key: e.count for e in prof.key_averages()}
     assert counts.get("aten::scaled_dot_product_attention") == smollm2.config.n_layer
@@ -273,18 +274,20 @@ def test_fast_lm_head_is_lm_head(smollm2, two_threads, layout):
 
 
 def test_threaded_greedy_decoding_is_the_readable_models_greedy_choice(smollm2, two_threads):
-    """Token for token: generate() with two threads (every product of a decoding step through fast.matvec, the LM
-    head through fast.lm_head) picks at each step the token one recorded, readable forward pass over the same text
-    ranks first, and its logits agree with that pass's."""
+    """Token for token: generate() in torch's operations with two threads (every product of a decoding step through
+    fast.matvec, the LM head through fast.lm_head) picks at each step the token one recorded, readable forward pass
+    over the same text ranks first, and its logits agree with that pass's."""
     prompt = "The capital of France is"
-    g = lw.generate(smollm2, prompt, 16, head=lw.decoding_head(smollm2), chat=False)
+    with fast_decode.off():
+        g = lw.generate(smollm2, prompt, 16, head=lw.decoding_head(smollm2), chat=False)
     readable = lw.forward(smollm2, g.prompt_ids + g.new_ids[:-1])
     n = len(g.prompt_ids)
     assert readable.logits[n - 1:].argmax(-1).tolist() == g.new_ids
     cached = lw.KVCache.empty(smollm2.config, len(g.ids))
     lw.forward(smollm2, g.prompt_ids, cached, record=False, last_only=True)
     step = []
-    ops = _ops(lambda: step.append(lw.forward(smollm2, g.new_ids[:1], cached, record=False, last_only=True)))
+    with fast_decode.off():
+        ops = _ops(lambda: step.append(lw.forward(smollm2, g.new_ids[:1], cached, record=False, last_only=True)))
     assert ops.count("bmm") == 7 * smollm2.config.n_layer + 1 and "mm" not in ops
     torch.testing.assert_close(step[0].logits[0], readable.logits[n], atol=1e-3, rtol=1e-4)
 
