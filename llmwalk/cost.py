@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 from torch import Tensor
 
+from . import fast_decode
 from .checks import is_int
 from .kv_cache import KVCache
 from .walk import forward
@@ -187,10 +188,11 @@ def count_flops(fn: Callable[[], R]) -> tuple[int, R]:
 
     FlopCounterMode counts matrix products only (mm, bmm, addmm, ...: 2 per multiply-add); norms, softmax,
     activations and additions are not counted. Compare it with `matmul_flops(flops_by_stage(...))`. It does
-    not know torch's int8 kernel either: measure fp32 (or bf16) models.
+    not know torch's int8 kernel either: measure fp32 (or bf16) models. It sees only torch's operations, so a
+    generation's one-token steps run as torch's operations here (fast_decode.off), not compiled.
     """
     from torch.utils.flop_counter import FlopCounterMode
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False) as counter, fast_decode.off():
         out = fn()
     return counter.get_total_flops(), out
 

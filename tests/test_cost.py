@@ -159,3 +159,16 @@ def test_kv_cache_check_counts_what_the_formulas_count(smollm2):
                                                   rel=1e-3)
     assert r["same_token"] and r["max_logit_diff"] < 1e-3
     assert r["cache_bytes"] == kv_cache_bytes(config, len(ids))
+
+
+def test_a_generations_flops_count_every_round(smollm2):
+    """count_flops around generate: torch counts only its own operations, so the one-token rounds (compiled where
+    numba runs) are counted as torch's operations — each round after the prefill its decode step's products, with
+    attention in torch's fused kernel, which the counter does not see."""
+    from llmwalk.cost import count_flops, decode_step_flops, matmul_flops
+    ids, c = smollm2.tokenizer.encode("The capital of France is"), smollm2.config
+    one, _ = count_flops(lambda: lw.generate(smollm2, ids, 1, stop_at_eos=False))        # the prefill only
+    six, g = count_flops(lambda: lw.generate(smollm2, ids, 6, stop_at_eos=False))
+    steps = [decode_step_flops(c, len(ids) + k) for k in range(1, 6)]
+    expected = sum(matmul_flops(s) - s["attn_scores"] - s["attn_mix"] for s in steps)
+    assert six - one == pytest.approx(expected, rel=1e-3) and len(g.new_ids) == 6
