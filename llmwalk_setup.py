@@ -402,8 +402,11 @@ def check_bundle(folder: Path) -> None:
                  f"(python llmwalk_setup.py bundle DIR --platform ...)")
 
 
-def pytest_passes(args: list[str], environ: dict) -> list[tuple[dict, list]]:
-    """The test run: (environment, command) of each pytest pass."""
+OTHER_CPU = {"ATEN_CPU_CAPABILITY": "default", "NUMBA_CPU_NAME": "generic"}   # the English notebooks' kernels
+
+
+def pytest_command(args: list[str], environ: dict) -> tuple[dict, list]:
+    """The test run: its environment and command."""
     nbval = ["--nbval", "--nbval-current-env", "--nbval-sanitize-with", "notebooks/sanitize.cfg"]
     # Two pytest workers, one torch thread each, keep both cores busy: much of the suite is single-threaded Python
     # (plots, tokenizers, notebook kernels), and two workers with two threads each would fight for the cores.
@@ -416,34 +419,27 @@ def pytest_passes(args: list[str], environ: dict) -> list[tuple[dict, list]]:
     # JupyterLab all refuse the network (HF_HUB_OFFLINE would cover only the Hub's own client).
     path = os.pathsep.join(filter(None, [str(OFFLINE_GUARD), environ.get("PYTHONPATH")]))
     env = dict(environ, OMP_NUM_THREADS="1", PYTHONPATH=path, LLMWALK_TEST_OFFLINE="1")   # tests check the guard is on
-    pytest = [VENV_PYTHON, "-m", "pytest"]
-    passes = [(env, pytest + ["notebooks", "tests"] + nbval + parallel + ["--no-loadscope-reorder"] + args)]
     # The stored outputs must hold on every CPU, not only on the one that recorded them. torch's results change
-    # with the SIMD kernels it picks and the number of threads that split a sum: the notebooks were recorded with two
-    # threads, the pass above reads them with this CPU's kernels and one thread, and they run once more with
-    # torch's portable kernels and one thread: a configuration no real machine runs natively (LLMWALK_OTHER_CPU=0
-    # skips this pass while you work on one test). The Chinese edition (notebooks/zh/) is left out of this pass: its
-    # code cells equal the English ones (tests/test_editions.py proves it) and its printed numbers are the same
-    # numbers, so the pass would repeat the English one and take as long; the first pass above covers it.
-    # numba's compiled decoding step (llmwalk/fast_decode.py) is compiled for this CPU too: NUMBA_CPU_NAME=generic
-    # compiles it for a plain x86-64 (SSE2, four lanes where this CPU may have sixteen), which sums in another order.
-    if environ.get("LLMWALK_OTHER_CPU", "1") != "0":
-        passes.append((dict(env, ATEN_CPU_CAPABILITY="default", NUMBA_CPU_NAME="generic"),
-                       pytest + ["notebooks", "--ignore=notebooks/zh"] + nbval + parallel + args))
-    return passes
+    # with the SIMD kernels it picks and the number of threads that split a sum, and numba compiles decoding's step
+    # (llmwalk/fast_decode.py) for this CPU's vector width. The notebooks were recorded with two threads; here they
+    # run with one, the Chinese edition with this CPU's own kernels and the English one as no real machine runs
+    # them: torch's portable kernels and numba compiled for a plain x86-64 (OTHER_CPU, set on each English notebook's
+    # kernel by conftest.py). The twins' code cells are the same (tests/test_editions.py) and so are the numbers their
+    # stored outputs print, so every computation is checked in both configurations, once. LLMWALK_OTHER_CPU=0 runs
+    # the English edition with this CPU's kernels too.
+    env.setdefault("LLMWALK_OTHER_CPU", "1")
+    return env, [VENV_PYTHON, "-m", "pytest", "notebooks", "tests"] + nbval + parallel + ["--no-loadscope-reorder"] + args
 
 
 def run_tests(args: list[str], call=subprocess.call) -> int:
-    """Every pass runs even when one fails; the exit status is the last failing pass's (0 if all pass)."""
-    status = 0
-    for i, (env, cmd) in enumerate(pytest_passes(args, dict(os.environ))):
-        say("running the tests" if i == 0 else "the notebooks again as another CPU computes them "
-            "(ATEN_CPU_CAPABILITY=default, NUMBA_CPU_NAME=generic, 1 thread)")
-        if DRY_RUN:
-            run(cmd)
-            continue
-        status = call([str(c) for c in cmd], cwd=ROOT, env=env) or status
-    return status
+    """The whole suite in one pytest run; its exit status."""
+    env, cmd = pytest_command(args, dict(os.environ))
+    other = env["LLMWALK_OTHER_CPU"] != "0"
+    say("running the tests" + (f" (the English notebooks as another CPU computes them: "
+                               f"{' '.join(f'{k}={v}' for k, v in OTHER_CPU.items())})" if other else ""))
+    if DRY_RUN:
+        return run(cmd)
+    return call([str(c) for c in cmd], cwd=ROOT, env=env)
 
 
 def option(rest: list[str], name: str) -> str | None:

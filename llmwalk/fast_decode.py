@@ -39,8 +39,9 @@ if TYPE_CHECKING:
 
 try:
     import numba
-    from numba import literal_unroll, njit, prange
-    from numba.extending import overload
+    from llvmlite import ir
+    from numba import literal_unroll, njit, prange, types
+    from numba.extending import intrinsic, overload
 except ImportError:                      # the eager path runs instead (why_not says so)
     numba = None
 
@@ -180,6 +181,106 @@ if numba is not None:
             b = min(N, a + step)
             _int4_dots(xe, xo, X, codes[a:b], s[a:b], zz[a:b], shift, y[a:b])
 
+    # The same 4-bit dot product with integer arithmetic: the bf16 inputs put on a 16-bit integer grid per group of
+    # 32 (a power of two each: exact for a group whose values span less than 2^6 in size, else the smallest lose
+    # bits below 2^-14 of the group's largest, far below the bf16 rounding they carry), so that one instruction
+    # multiplies 32 codes by 32 inputs and adds them in pairs (x86's vpmaddwd; LLVM picks it from the vector code
+    # below, and whatever the machine has elsewhere): about half the arithmetic of the float loop above per byte.
+    I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    LANES = 32                                         # codes per vector: two units of 16 bytes (32 inputs each)
+    V8, V16, V32 = (ir.VectorType(t, LANES) for t in (I8, I16, I32))
+    H32, HF = ir.VectorType(I32, LANES // 2), ir.VectorType(F32, LANES // 2)
+    AHEAD = 2048                    # bytes of codes asked for ahead of the loop (a hint: the next page's too)
+
+    def _declare(module, name, ret, args):
+        fn = module.globals.get(name)
+        return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
+
+    def _pair_products(builder, a, b):
+        """a[2i]·b[2i] + a[2i+1]·b[2i+1] in 32 bits, from 16-bit lanes.  # (<32 x i16>, <32 x i16>) -> <16 x i32>"""
+        p = builder.mul(builder.sext(a, V32), builder.sext(b, V32))
+        undef = ir.Constant(V32, ir.Undefined)
+        even = builder.shuffle_vector(p, undef, ir.Constant(H32, list(range(0, LANES, 2))))
+        odd = builder.shuffle_vector(p, undef, ir.Constant(H32, list(range(1, LANES, 2))))
+        return builder.add(even, odd)
+
+    @intrinsic
+    def _int4_dot16(typingctx, row, qe, qo, s, xs, shift):
+        """Σ_u s[u >> shift]·xs[u]·Σ_{j in unit u} (qe[j]·lo_j + qo[j]·hi_j) for one row of 4-bit codes (u8 [H],
+        units of 16 bytes, an even number of them), 16-bit inputs qe / qo [H] (the even and odd inputs) and their
+        units' powers of two xs [H / 16]."""
+        def codegen(context, builder, signature, args):
+            arrays = [context.make_array(t)(context, builder, value=v) for t, v in zip(signature.args[:5], args[:5])]
+            cp, ep, op, sp, xp = (a.data for a in arrays)
+            units = builder.extract_value(arrays[4].shape, 0)
+            fma = _declare(builder.module, "llvm.fma.v16f32", HF, [HF, HF, HF])
+            ahead = _declare(builder.module, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+            entry = builder.block
+            loop, done = builder.append_basic_block("units"), builder.append_basic_block("sum")
+            builder.branch(loop)
+            builder.position_at_end(loop)
+            u, acc = builder.phi(I64), builder.phi(HF)
+            u.add_incoming(ir.Constant(I64, 0), entry)
+            acc.add_incoming(ir.Constant(HF, None), entry)
+            off = builder.mul(u, ir.Constant(I64, 16))
+            builder.call(ahead, [builder.gep(cp, [builder.add(off, ir.Constant(I64, AHEAD))]), ir.Constant(I32, 0),
+                                 ir.Constant(I32, 3), ir.Constant(I32, 1)])
+            codes = builder.zext(builder.load(builder.bitcast(builder.gep(cp, [off]), V8.as_pointer()), align=1), V16)
+            lo = builder.and_(codes, ir.Constant(V16, [15] * LANES))
+            hi = builder.lshr(codes, ir.Constant(V16, [4] * LANES))
+            even = builder.load(builder.bitcast(builder.gep(ep, [off]), V16.as_pointer()), align=2)
+            odd = builder.load(builder.bitcast(builder.gep(op, [off]), V16.as_pointer()), align=2)
+            sums = builder.sitofp(builder.add(_pair_products(builder, lo, even), _pair_products(builder, hi, odd)), HF)
+            scale = ir.Constant(HF, ir.Undefined)
+            for k in range(2):                         # lanes 0-7: unit u, 8-15: unit u + 1
+                uk = builder.add(u, ir.Constant(I64, k))
+                sk = builder.fmul(builder.load(builder.gep(sp, [builder.ashr(uk, args[5])])),
+                                  builder.load(builder.gep(xp, [uk])))
+                for lane in range(8 * k, 8 * k + 8):
+                    scale = builder.insert_element(scale, sk, ir.Constant(I32, lane))
+            acc2 = builder.call(fma, [sums, scale, acc])
+            u2 = builder.add(u, ir.Constant(I64, 2))
+            u.add_incoming(u2, loop)
+            acc.add_incoming(acc2, loop)
+            builder.cbranch(builder.icmp_signed("<", u2, units), loop, done)
+            builder.position_at_end(done)
+            total = _declare(builder.module, "llvm.vector.reduce.fadd.v16f32", F32, [F32, HF])
+            return builder.call(total, [ir.Constant(F32, 0.0), acc2], fastmath=("fast",))
+        return types.float32(row, qe, qo, s, xs, shift), codegen
+
+    @njit(**JIT)
+    def _int4_dots16(qe, qo, xs, X, codes, s, zz, shift, y):
+        for n in range(codes.shape[0]):
+            zn = zz[n]
+            z = np.float32(0.0)
+            for g in range(zn.shape[0]):
+                z += zn[g] * X[g]
+            y[n] = _int4_dot16(codes[n], qe, qo, s[n], xs, shift) + z
+
+    @njit(parallel=True, **JIT)
+    def _int4_dots16_parallel(qe, qo, xs, X, codes, s, zz, shift, y, parts):
+        N = codes.shape[0]
+        step = (N + parts - 1) // parts
+        for p in prange(parts):
+            a = p * step
+            b = min(N, a + step)
+            _int4_dots16(qe, qo, xs, X, codes[a:b], s[a:b], zz[a:b], shift, y[a:b])
+
+    @njit(**JIT)
+    def _on_int16_grid(xb, qe, qo, xs):
+        """xb (bf16 values) as 16-bit integers times a power of two per unit of 32: |q| < 2^14, split into the even
+        inputs qe and the odd ones qo (the low and high halves of each code byte)."""
+        for u in range(xs.shape[0]):
+            top = np.float32(0.0)
+            for k in range(32 * u, 32 * u + 32):
+                top = max(top, abs(xb[k]))
+            e = math.frexp(top)[1] - 14 if top > 0 else 0
+            xs[u] = math.ldexp(1.0, e)
+            inverse = np.float32(math.ldexp(1.0, -e))         # a power of two: multiplying is exact
+            for j in range(16 * u, 16 * u + 16):
+                qe[j] = np.int16(np.rint(xb[2 * j] * inverse))
+                qo[j] = np.int16(np.rint(xb[2 * j + 1] * inverse))
+
     @njit(**JIT)
     def _int8_product(codes, scales, x, y, threads, xq):
         """y = x @ W as torch's int8 kernel computes it: x and y rounded to bf16.  # [d_in] -> [d_out]"""
@@ -193,24 +294,35 @@ if numba is not None:
 
     @njit(**JIT)
     def _int4_product(codes, s, zz, shift, x, y, threads, xq):
-        """y = x @ W as torch's int4 kernel computes it: x and y rounded to bf16.  # [d_in] -> [d_out]"""
+        """y = x @ W as torch's int4 kernel computes it: x and y rounded to bf16.  # [d_in] -> [d_out]
+
+        codes [d_out, H] (H = d_in / 2 bytes), s and zz [d_out, G] per group of 2^shift bytes."""
         H, G = codes.shape[1], s.shape[1]
-        xb = xq[0, :2 * H]
+        xb, X = xq[0, :2 * H], xq[3, :G]
         _round_bf16(x, xb)
-        xe, xo, X = xq[1, :H], xq[2, :H], xq[3, :G]
-        for j in range(H):
-            xe[j] = xb[2 * j]
-            xo[j] = xb[2 * j + 1] - F16 * xb[2 * j]
         per = 2 * H // G
-        for g in range(G):
+        for g in range(G):                                  # each group's sum of inputs, for its zz
             acc = np.float32(0.0)
             for k in range(g * per, g * per + per):
                 acc += xb[k]
             X[g] = acc
-        if threads == 1:
-            _int4_dots(xe, xo, X, codes, s, zz, shift, y)
+        units = H // 16
+        if units % 2 == 0:                                  # the integer loop reads two units at a time
+            qe, qo, xs = xq[1].view(np.int16)[:H], xq[2].view(np.int16)[:H], xq[3, G:G + units]
+            _on_int16_grid(xb, qe, qo, xs)
+            if threads == 1:
+                _int4_dots16(qe, qo, xs, X, codes, s, zz, shift - 4, y)
+            else:
+                _int4_dots16_parallel(qe, qo, xs, X, codes, s, zz, shift - 4, y, threads)
         else:
-            _int4_dots_parallel(xe, xo, X, codes, s, zz, shift, y, threads)
+            xe, xo = xq[1, :H], xq[2, :H]
+            for j in range(H):
+                xe[j] = xb[2 * j]
+                xo[j] = xb[2 * j + 1] - F16 * xb[2 * j]
+            if threads == 1:
+                _int4_dots(xe, xo, X, codes, s, zz, shift, y)
+            else:
+                _int4_dots_parallel(xe, xo, X, codes, s, zz, shift, y, threads)
         _round_bf16(y, y)
 
     def _product(m, x, y, threads, part, xq):
@@ -259,44 +371,100 @@ if numba is not None:
                 v[h, i] = a * cos[i] - b * sin[i]
                 v[h, i + half] = b * cos[i + half] + a * sin[i + half]
 
+    @intrinsic
+    def _exp(typingctx, x):
+        """e^x in float32 as a few multiply-adds (Cephes' expf: x = n·ln2 + r, e^r by its polynomial, 2^n put in the
+        exponent bits), within about one unit in the last place of libm's, for x in [-87, 88]; the clamp below -87
+        gives about 1e-38 instead of 0. Unlike a call to libm, the loop that uses it runs 16 lanes at a time."""
+        def codegen(context, builder, signature, args):
+            f = lambda v: ir.Constant(F32, v)                          # noqa: E731
+            v = builder.call(_declare(builder.module, "llvm.maxnum.f32", F32, [F32, F32]), [args[0], f(-87.0)])
+            n = builder.call(_declare(builder.module, "llvm.rint.f32", F32, [F32]),
+                             [builder.fmul(v, f(1.44269504088896341))])
+            r = builder.fsub(builder.fsub(v, builder.fmul(n, f(0.693359375))), builder.fmul(n, f(-2.12194440e-4)))
+            p = f(1.9875691500e-4)
+            for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+                p = builder.fadd(builder.fmul(p, r), f(c))
+            p = builder.fadd(builder.fadd(builder.fmul(builder.fmul(p, r), r), r), f(1.0))
+            bits = builder.shl(builder.add(builder.fptosi(n, I32), ir.Constant(I32, 127)), ir.Constant(I32, 23))
+            return builder.fmul(p, builder.bitcast(bits, F32))
+        return types.float32(types.float32), codegen
+
+    # Attention for one new token, split over (key head, block of positions) so that both cores share the work at
+    # any length and each key and value is read once for the query heads of its group (GQA). Each block keeps its
+    # own softmax — its largest score m, its sum l of e^(score − m), its weighted values o — and the blocks are
+    # merged by rescaling to the largest m, which gives the softmax over all positions (as flash decoding does).
+    BLOCKS = 16                                          # at most this many blocks of positions per key head
+
     @njit(**JIT)
-    def _attend_head(q, keys, values, first, last, scale, out, scores):
-        """One head: softmax(q · k_s · scale) over positions first..last, then the weighted sum of their values."""
-        top = np.float32(-np.inf)
-        for s in range(first, last + 1):
-            acc = np.float32(0.0)
-            ks = keys[s]
-            for d in range(q.shape[0]):
-                acc += q[d] * ks[d]
-            scores[s] = acc * scale
-            top = max(top, scores[s])
-        total = np.float32(0.0)
-        for s in range(first, last + 1):
-            scores[s] = np.exp(scores[s] - top)
-            total += scores[s]
-        for d in range(out.shape[0]):
-            out[d] = 0.0
-        for s in range(first, last + 1):
-            w, vs = scores[s] / total, values[s]
-            for d in range(out.shape[0]):
-                out[d] += w * vs[d]
+    def _attend_block(q, keys, values, g, group, lo, hi, scale, scores, m, l, o, b):
+        """Query heads g·group … g·group + group − 1 over positions lo … hi − 1 of key head g: each head's m, l and
+        o for block b."""
+        k_g, v_g = keys[g], values[g]
+        for s in range(lo, hi):
+            ks = k_g[s]
+            for i in range(group):
+                h = g * group + i
+                qh, acc = q[h], np.float32(0.0)
+                for d in range(ks.shape[0]):
+                    acc += qh[d] * ks[d]
+                scores[h, s] = acc * scale
+        for i in range(group):
+            h = g * group + i
+            top = np.float32(-np.inf)
+            for s in range(lo, hi):
+                top = max(top, scores[h, s])
+            total = np.float32(0.0)
+            for s in range(lo, hi):
+                scores[h, s] = _exp(scores[h, s] - top)
+                total += scores[h, s]
+            m[h, b], l[h, b] = top, total
+            o[h, b, :] = 0.0
+        for s in range(lo, hi):
+            vs = v_g[s]
+            for i in range(group):
+                h = g * group + i
+                w, oh = scores[h, s], o[h, b]
+                for d in range(vs.shape[0]):
+                    oh[d] += w * vs[d]
 
     @njit(parallel=True, **JIT)
-    def _attend_parallel(q, keys, values, first, last, scale, z, scores):
-        group = q.shape[0] // keys.shape[0]
-        for h in prange(q.shape[0]):
-            _attend_head(q[h], keys[h // group], values[h // group], first, last, scale, z[h], scores[h])
+    def _attend_blocks_parallel(q, keys, values, group, first, size, blocks, last, scale, scores, m, l, o):
+        for task in prange(keys.shape[0] * blocks):
+            g, b = task // blocks, task % blocks
+            lo = first + b * size
+            _attend_block(q, keys, values, g, group, lo, min(lo + size, last + 1), scale, scores, m, l, o, b)
 
     @njit(**JIT)
-    def _attend(q, keys, values, first, last, scale, z, scores, threads):
+    def _attend(q, keys, values, first, last, scale, z, scores, threads, m, l, o):
         """Every query head over its key head's cached positions first..last (GQA: a group of query heads shares
-        one key head).  # q [n_head, d_head], keys/values [n_kv_head, capacity, d_head] -> z [n_head, d_head]"""
-        if threads == 1:
-            group = q.shape[0] // keys.shape[0]
-            for h in range(q.shape[0]):
-                _attend_head(q[h], keys[h // group], values[h // group], first, last, scale, z[h], scores[h])
+        one key head), softmax(q · k · scale) weighting the values.
+        # q [n_head, d_head], keys/values [n_kv_head, capacity, d_head] -> z [n_head, d_head]"""
+        n_kv, group = keys.shape[0], q.shape[0] // keys.shape[0]
+        positions = last + 1 - first
+        blocks = min(BLOCKS, max(1, positions // 64))
+        size = (positions + blocks - 1) // blocks
+        blocks = (positions + size - 1) // size
+        if threads == 1 or positions < 64:
+            for task in range(n_kv * blocks):
+                g, b = task // blocks, task % blocks
+                lo = first + b * size
+                _attend_block(q, keys, values, g, group, lo, min(lo + size, last + 1), scale, scores, m, l, o, b)
         else:
-            _attend_parallel(q, keys, values, first, last, scale, z, scores)
+            _attend_blocks_parallel(q, keys, values, group, first, size, blocks, last, scale, scores, m, l, o)
+        for h in range(q.shape[0]):
+            top = np.float32(-np.inf)
+            for b in range(blocks):
+                top = max(top, m[h, b])
+            total = np.float32(0.0)
+            z[h, :] = 0.0
+            for b in range(blocks):
+                w = _exp(m[h, b] - top)
+                total += w * l[h, b]
+                for d in range(z.shape[1]):
+                    z[h, d] += w * o[h, b, d]
+            for d in range(z.shape[1]):
+                z[h, d] /= total
 
     @njit(**JIT)
     def _add_norm(x, y, w, eps, tmp):
@@ -310,7 +478,7 @@ if numba is not None:
     @njit(**JIT)
     def _layer(x, attn_norm, q_norm, k_norm, post_attn_norm, qkv, attn_output, ffn_norm, post_ffn_norm,
                gate_up, down, keys, values, pos, cos, sin, window, shape, eps, scale, gelu, threads, buf, part, xq,
-               scores):
+               scores, m, l, o):
         """One layer for one new token at position `pos`, x updated in place (layers.block_forward), the token's key
         and value written into the cache. shape = (n_head, n_kv_head, d_head, d_ff); window = 0: none."""
         n_head, n_kv, d_head, d_ff = shape
@@ -334,7 +502,7 @@ if numba is not None:
             values[j, pos] = v[j]
         z = buf[3, :qd]
         first = max(0, pos - window + 1) if window else 0
-        _attend(q, keys, values, first, pos, scale, z.reshape(n_head, d_head), scores, threads)
+        _attend(q, keys, values, first, pos, scale, z.reshape(n_head, d_head), scores, threads, m, l, o)
         o = buf[4, :d]
         _products(attn_output, z, o, threads, part, xq)
         _add_norm(x, o, post_attn_norm, eps, tmp)
@@ -554,17 +722,22 @@ class Buffers:
     part: np.ndarray      # [threads, width] partial sums of the fp32 products (width: the widest, the LM head's)
     xq: np.ndarray        # [4, width] a quantized product's input: rounded, split, summed per group
     scores: np.ndarray    # [n_head, capacity]
+    block_max: np.ndarray  # [n_head, BLOCKS] attention's blocks of positions: each one's largest score,
+    block_sum: np.ndarray  # [n_head, BLOCKS] its sum of e^(score − largest),
+    block_out: np.ndarray  # [n_head, BLOCKS, d_head] its weighted values
 
 
 _buffers: dict[tuple, Buffers] = {}
 
 
-def _buffers_for(width: int, n: int, n_head: int, capacity: int) -> Buffers:
-    key = (width, n, n_head, capacity)
+def _buffers_for(width: int, n: int, n_head: int, capacity: int, d_head: int) -> Buffers:
+    key = (width, n, n_head, capacity, d_head)
     if key not in _buffers:
         _buffers.clear()                                        # one at a time: a step is not re-entered
         _buffers[key] = Buffers(np.zeros((7, width), np.float32), np.zeros((n, width), np.float32),
-                                np.zeros((4, width), np.float32), np.zeros((n_head, capacity), np.float32))
+                                np.zeros((4, width), np.float32), np.zeros((n_head, capacity), np.float32),
+                                np.zeros((n_head, BLOCKS), np.float32), np.zeros((n_head, BLOCKS), np.float32),
+                                np.zeros((n_head, BLOCKS, d_head), np.float32))
     return _buffers[key]
 
 
@@ -617,7 +790,7 @@ def step(model: "Model", token: int, cache: KVCache, head: Tensor | None = None
     from .embedding import rope_angles
     p, c = plan(model), model.config
     n, pos = threads(), cache.length
-    b = _buffers_for(max(p.width, c.vocab_size), n, c.n_head, cache.layers[0].capacity)   # the head's partial sums too
+    b = _buffers_for(max(p.width, c.vocab_size), n, c.n_head, cache.layers[0].capacity, c.d_head)   # the head's partial sums too
     x0 = _embedding_row(model, p, token)
     x = x0.copy()
     angles = {theta: tuple(_np(a[0]) for a in rope_angles(torch.tensor([pos]), c.d_head, theta))
@@ -629,7 +802,7 @@ def step(model: "Model", token: int, cache: KVCache, head: Tensor | None = None
         (attn_norm, q_norm, k_norm, post_attn, qkv, out, ffn_norm, post_ffn, gate_up, down) = layer
         _layer(x, attn_norm, q_norm, k_norm, post_attn, qkv, out, ffn_norm, post_ffn, gate_up, down,
                keys, values, pos, cos, sin, c.window(i) or 0, shape, c.norm_eps, c.scale, gelu, n,
-               b.buf, b.part, b.xq, b.scores)
+               b.buf, b.part, b.xq, b.scores, b.block_max, b.block_sum, b.block_out)
     for lc in cache.layers:
         lc.length = pos + 1
     final = np.empty(c.d_model, np.float32)
@@ -673,7 +846,7 @@ def step_products(model: "Model"):
         return None
     c = model.config
     n = threads()
-    b = _buffers_for(max(p.width, c.vocab_size), n, c.n_head, 1)
+    b = _buffers_for(max(p.width, c.vocab_size), n, c.n_head, 1, c.d_head)
     gen = torch.Generator().manual_seed(0)
     x = _np(torch.randn(max(p.width, c.d_model), generator=gen))
     groups = [layer[i] for layer in p.layers for i in (4, 5, 8, 9)]          # q/k/v, output, gate/up, down

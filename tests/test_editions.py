@@ -186,3 +186,41 @@ def test_different_tags_fail(tmp_path):
     english = _notebook(tmp_path / "en" / "01.ipynb", *ENGLISH, tags=("your-turn",))
     chinese = _notebook(tmp_path / "zh" / "01.ipynb", *ENGLISH)
     assert any("tags differ" in p for p in edition_problems(english, chinese))
+
+
+# The test command checks each twin in one configuration (llmwalk_setup.py): the Chinese edition with this CPU's
+# kernels, the English one with torch's portable kernels and numba for a plain x86-64. That checks every computation
+# both ways only if the two editions' stored outputs print the same numbers: a float a kernel computed is printed
+# with a decimal point; the Chinese edition writes the article's own 1.2 亿 and 3.6 亿 where the English one writes
+# 120 M and 360 M (its integers), and widgets' reprs are cut at different lengths.
+DECIMAL = re.compile(r"(?<![\w.])-?\d+\.\d+(?:e[-+]?\d+)?(?!\s*亿)")
+
+
+def printed_decimals(cell) -> list[str]:
+    """The decimal numbers of a code cell's stored text outputs, sorted (a sentence may put them in another order)."""
+    texts = [output.get("text", "") if output.output_type == "stream" else output.get("data", {}).get("text/plain", "")
+             for output in cell.get("outputs", []) if "image/png" not in output.get("data", {})]
+    return sorted(n for text in texts if not text.startswith(("VBox(", "HBox(")) for n in DECIMAL.findall(text))
+
+
+@pytest.mark.parametrize("notebook", _editions())
+def test_the_two_editions_print_the_same_numbers(notebook):
+    english, chinese = code_cells(NOTEBOOKS / notebook), code_cells(NOTEBOOKS / "zh" / notebook)
+    for i, (en, zh) in enumerate(zip(english, chinese)):
+        if "NBVAL_IGNORE_OUTPUT" in en.source:            # what varies by machine: neither edition's is checked
+            continue
+        assert printed_decimals(en) == printed_decimals(zh), (notebook, f"code cell {i}")
+
+
+def test_a_number_printed_in_one_edition_only_fails(tmp_path):
+    english = _notebook(tmp_path / "en.ipynb", "print(0.25)")
+    chinese = _notebook(tmp_path / "zh.ipynb", "print(0.25)")
+    for path, text in ((english, "p = 0.25, 1.2 亿\n"), (chinese, "p = 0.25，1.2 亿\n")):
+        nb = nbformat.read(path, as_version=4)
+        nb.cells[1].outputs = [nbformat.v4.new_output("stream", name="stdout", text=text)]
+        nbformat.write(nb, path)
+    same = [printed_decimals(code_cells(p)[0]) for p in (english, chinese)]
+    assert same[0] == same[1] == ["0.25"]
+    cell = code_cells(chinese)[0]
+    cell.outputs[0].text = "p = 0.26\n"
+    assert printed_decimals(cell) != same[0]

@@ -198,31 +198,48 @@ def load_setup_script():
     return module
 
 
-def test_the_test_command_runs_both_passes_and_keeps_a_failure(monkeypatch):
+def test_the_test_command_is_one_run_with_the_english_notebooks_on_another_cpu(monkeypatch):
     setup = load_setup_script()
     for name in ("LLMWALK_OTHER_CPU", "LLMWALK_WORKERS", "ATEN_CPU_CAPABILITY", "NUMBA_CPU_NAME"):
         monkeypatch.delenv(name, raising=False)
     calls = []
 
-    def fake(statuses):
-        it = iter(statuses)
-        return lambda cmd, *, cwd, env: calls.append((cmd, env)) or next(it)
+    def fake(status):
+        return lambda cmd, *, cwd, env: calls.append((cmd, env)) or status
 
-    assert setup.run_tests(["-q", "-rs"], call=fake([1, 0])) == 1      # a failing first pass is not forgotten
-    (first, env1), (second, env2) = calls
-    assert first[3:5] == ["notebooks", "tests"] and first[-3:] == ["--no-loadscope-reorder", "-q", "-rs"]
-    assert ["-n", "2", "--dist", "loadfile"] == first[first.index("-n"):first.index("-n") + 4]
-    assert "--nbval" in first and "--nbval" in second and "tests" not in second
-    assert second[3:5] == ["notebooks", "--ignore=notebooks/zh"] and second[-2:] == ["-q", "-rs"]
-    assert env1["OMP_NUM_THREADS"] == env2["OMP_NUM_THREADS"] == "1" and "ATEN_CPU_CAPABILITY" not in env1
-    assert env2["ATEN_CPU_CAPABILITY"] == "default" and env2["NUMBA_CPU_NAME"] == "generic" and "NUMBA_CPU_NAME" not in env1
-    assert env1["PYTHONPATH"].split(os.pathsep)[0] == env2["PYTHONPATH"].split(os.pathsep)[0] == str(GUARD)
-    assert setup.run_tests([], call=fake([0, 5])) == 5 and setup.run_tests([], call=fake([0, 0])) == 0
+    assert setup.run_tests(["-q", "-rs"], call=fake(1)) == 1          # its failure is the command's
+    (cmd, env), = calls
+    assert cmd[3:5] == ["notebooks", "tests"] and cmd[-3:] == ["--no-loadscope-reorder", "-q", "-rs"]
+    assert ["-n", "2", "--dist", "loadfile"] == cmd[cmd.index("-n"):cmd.index("-n") + 4] and "--nbval" in cmd
+    assert env["OMP_NUM_THREADS"] == "1" and env["LLMWALK_OTHER_CPU"] == "1"
+    assert "ATEN_CPU_CAPABILITY" not in env and "NUMBA_CPU_NAME" not in env     # set per English kernel (conftest.py)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == str(GUARD)
+    assert setup.run_tests([], call=fake(0)) == 0
     monkeypatch.setenv("LLMWALK_OTHER_CPU", "0")
     monkeypatch.setenv("LLMWALK_WORKERS", "0")
     calls.clear()
-    assert setup.run_tests([], call=fake([0])) == 0
-    assert len(calls) == 1 and calls[0][0][calls[0][0].index("-n") + 1] == "0"
+    assert setup.run_tests([], call=fake(0)) == 0
+    (cmd, env), = calls
+    assert cmd[cmd.index("-n") + 1] == "0" and env["LLMWALK_OTHER_CPU"] == "0"
+
+
+def test_the_english_notebooks_kernels_compute_as_another_cpu(monkeypatch):
+    """conftest.py gives each English notebook's kernel torch's portable kernels and numba for a plain x86-64; the
+    Chinese twins', this CPU's own; nothing without LLMWALK_OTHER_CPU=1."""
+    import nbval.kernel
+    monkeypatch.setattr(nbval.kernel, "start_new_kernel", nbval.kernel.start_new_kernel)   # loading it wraps it again
+    spec = importlib.util.spec_from_file_location("root_conftest", REPO / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+    monkeypatch.setenv("LLMWALK_OTHER_CPU", "1")
+    english = conftest.kernel_env(str(REPO / "notebooks" / "deep_dives"))
+    assert english["ATEN_CPU_CAPABILITY"] == "default" and english["NUMBA_CPU_NAME"] == "generic"
+    assert english["PATH"] == os.environ["PATH"]                             # the rest of this process's environment
+    assert conftest.kernel_env(str(REPO / "notebooks")) == english
+    assert conftest.kernel_env(str(REPO / "notebooks" / "zh" / "deep_dives")) is None
+    assert conftest.kernel_env(str(REPO / "notebooks" / "zh")) is None
+    monkeypatch.setenv("LLMWALK_OTHER_CPU", "0")
+    assert conftest.kernel_env(str(REPO / "notebooks")) is None
 
 
 @pytest.fixture(scope="module")
