@@ -56,7 +56,6 @@ if numba is not None:
     # fastmath lets a sum be reordered into vector lanes; infinities and NaN keep their meaning (no nnan / ninf).
     JIT = dict(cache=True, nogil=True, boundscheck=False, error_model="numpy",
                fastmath={"reassoc", "contract", "nsz", "arcp"})
-    F16, FI16 = np.float32(16.0), np.float32(1.0 / 16.0)
 
     @njit(**JIT)
     def _round_bf16(x, out):
@@ -150,42 +149,14 @@ if numba is not None:
             b = min(N, a + step)
             _int8_dots(x, codes[a:b], scales[a:b], y[a:b])
 
-    # 4-bit codes: byte j of row n holds inputs 2j (low half) and 2j + 1 (high half), as u = code + 8. With the
-    # kernel's w = s·u + zz per group (zz = z − 8s), Σ_k x_k w_k = Σ_g s_g Σ_j (x_2j u_lo + x_2j+1 u_hi) + zz_g X_g,
-    # X_g the group's sum of x. Splitting a byte f = u_lo + 16 u_hi: x_2j u_lo + x_2j+1 u_hi = x_2j f + (x_2j+1 −
-    # 16 x_2j) u_hi, so only the high half is cut out of the byte (a float floor, which vectorizes).
-    @njit(**JIT)
-    def _int4_dots(xe, xo, X, codes, s, zz, shift, y):
-        for n in range(codes.shape[0]):
-            row, sn, zn = codes[n], s[n], zz[n]
-            acc = np.float32(0.0)
-            if shift == 4:       # groups of 32 (16 bytes, one vector of codes): a constant shift keeps s[j >> 4]
-                for j in range(codes.shape[1]):      # one broadcast per vector, where a variable one gathers
-                    f = np.float32(row[j])
-                    acc += sn[j >> 4] * (xe[j] * f + xo[j] * np.floor(f * FI16))
-            else:
-                for j in range(codes.shape[1]):
-                    f = np.float32(row[j])
-                    acc += sn[j >> shift] * (xe[j] * f + xo[j] * np.floor(f * FI16))
-            z = np.float32(0.0)
-            for g in range(sn.shape[0]):
-                z += zn[g] * X[g]
-            y[n] = acc + z
-
-    @njit(parallel=True, **JIT)
-    def _int4_dots_parallel(xe, xo, X, codes, s, zz, shift, y, parts):
-        N = codes.shape[0]
-        step = (N + parts - 1) // parts
-        for p in prange(parts):
-            a = p * step
-            b = min(N, a + step)
-            _int4_dots(xe, xo, X, codes[a:b], s[a:b], zz[a:b], shift, y[a:b])
-
-    # The same 4-bit dot product with integer arithmetic: the bf16 inputs put on a 16-bit integer grid per group of
-    # 32 (a power of two each: exact for a group whose values span less than 2^6 in size, else the smallest lose
-    # bits below 2^-14 of the group's largest, far below the bf16 rounding they carry), so that one instruction
-    # multiplies 32 codes by 32 inputs and adds them in pairs (x86's vpmaddwd; LLVM picks it from the vector code
-    # below, and whatever the machine has elsewhere): about half the arithmetic of the float loop above per byte.
+    # 4-bit codes: byte j of row n holds inputs 2j (low half) and 2j + 1 (high half), as u = code + 8, and torch's
+    # kernel computes w = s·u + (z − 8s) per group, s and z in bf16: Σ_k x_k w_k = Σ_g s_g Σ_j (x_2j u_lo + x_2j+1 u_hi)
+    # + (z_g − 8 s_g) X_g, X_g the group's sum of x. The first part in integers: the bf16 inputs put on a 16-bit
+    # integer grid per unit of 32 (a power of two each: exact for a unit whose values span less than 2^6 in size,
+    # else the smallest lose bits below 2^-14 of the unit's largest, far below the bf16 rounding they carry), so that
+    # one instruction multiplies 32 codes by 32 inputs and adds them in pairs (x86's vpmaddwd; LLVM picks it from
+    # the vector code below, and whatever the machine has elsewhere): half the arithmetic of a float loop per byte.
+    # s and z are read as the kernel stores them, 2 bytes each: a fifth of the bytes a token reads, not a third.
     I8, I16, I32, I64, F32 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
     LANES = 32                                         # codes per vector: two units of 16 bytes (32 inputs each)
     V8, V16, V32 = (ir.VectorType(t, LANES) for t in (I8, I16, I32))
@@ -195,6 +166,15 @@ if numba is not None:
     def _declare(module, name, ret, args):
         fn = module.globals.get(name)
         return fn if fn is not None else ir.Function(module, ir.FunctionType(ret, args), name=name)
+
+    def _bf16_value(builder, bits):
+        """A bf16 number (its 16 bits, an i16) as float32: the same bits, shifted up into the high half."""
+        return builder.bitcast(builder.shl(builder.zext(bits, I32), ir.Constant(I32, 16)), F32)
+
+    @intrinsic
+    def _bf16(typingctx, bits):
+        """A bf16 number stored as its 16 bits (uint16) as a float32."""
+        return types.float32(bits), lambda context, builder, signature, args: _bf16_value(builder, args[0])
 
     def _pair_products(builder, a, b):
         """a[2i]·b[2i] + a[2i+1]·b[2i+1] in 32 bits, from 16-bit lanes.  # (<32 x i16>, <32 x i16>) -> <16 x i32>"""
@@ -207,8 +187,8 @@ if numba is not None:
     @intrinsic
     def _int4_dot16(typingctx, row, qe, qo, s, xs, shift):
         """Σ_u s[u >> shift]·xs[u]·Σ_{j in unit u} (qe[j]·lo_j + qo[j]·hi_j) for one row of 4-bit codes (u8 [H],
-        units of 16 bytes, an even number of them), 16-bit inputs qe / qo [H] (the even and odd inputs) and their
-        units' powers of two xs [H / 16]."""
+        units of 16 bytes, an even number of them), bf16 scales s (uint16 bits [G]), 16-bit inputs qe / qo [H] (the
+        even and odd inputs) and their units' powers of two xs [H / 16]."""
         def codegen(context, builder, signature, args):
             arrays = [context.make_array(t)(context, builder, value=v) for t, v in zip(signature.args[:5], args[:5])]
             cp, ep, op, sp, xp = (a.data for a in arrays)
@@ -234,7 +214,7 @@ if numba is not None:
             scale = ir.Constant(HF, ir.Undefined)
             for k in range(2):                         # lanes 0-7: unit u, 8-15: unit u + 1
                 uk = builder.add(u, ir.Constant(I64, k))
-                sk = builder.fmul(builder.load(builder.gep(sp, [builder.ashr(uk, args[5])])),
+                sk = builder.fmul(_bf16_value(builder, builder.load(builder.gep(sp, [builder.ashr(uk, args[5])]))),
                                   builder.load(builder.gep(xp, [uk])))
                 for lane in range(8 * k, 8 * k + 8):
                     scale = builder.insert_element(scale, sk, ir.Constant(I32, lane))
@@ -249,22 +229,22 @@ if numba is not None:
         return types.float32(row, qe, qo, s, xs, shift), codegen
 
     @njit(**JIT)
-    def _int4_dots16(qe, qo, xs, X, codes, s, zz, shift, y):
+    def _int4_dots(qe, qo, xs, X, codes, s, z, shift, y):
         for n in range(codes.shape[0]):
-            zn = zz[n]
-            z = np.float32(0.0)
+            sn, zn = s[n], z[n]
+            shifted = np.float32(0.0)
             for g in range(zn.shape[0]):
-                z += zn[g] * X[g]
-            y[n] = _int4_dot16(codes[n], qe, qo, s[n], xs, shift) + z
+                shifted += (_bf16(zn[g]) - np.float32(8.0) * _bf16(sn[g])) * X[g]
+            y[n] = _int4_dot16(codes[n], qe, qo, sn, xs, shift) + shifted
 
     @njit(parallel=True, **JIT)
-    def _int4_dots16_parallel(qe, qo, xs, X, codes, s, zz, shift, y, parts):
+    def _int4_dots_parallel(qe, qo, xs, X, codes, s, z, shift, y, parts):
         N = codes.shape[0]
         step = (N + parts - 1) // parts
         for p in prange(parts):
             a = p * step
             b = min(N, a + step)
-            _int4_dots16(qe, qo, xs, X, codes[a:b], s[a:b], zz[a:b], shift, y[a:b])
+            _int4_dots(qe, qo, xs, X, codes[a:b], s[a:b], z[a:b], shift, y[a:b])
 
     @njit(**JIT)
     def _on_int16_grid(xb, qe, qo, xs):
@@ -293,41 +273,32 @@ if numba is not None:
         _round_bf16(y, y)
 
     @njit(**JIT)
-    def _int4_product(codes, s, zz, shift, x, y, threads, xq):
+    def _int4_product(codes, s, z, shift, x, y, threads, xq):
         """y = x @ W as torch's int4 kernel computes it: x and y rounded to bf16.  # [d_in] -> [d_out]
 
-        codes [d_out, H] (H = d_in / 2 bytes), s and zz [d_out, G] per group of 2^shift bytes."""
+        codes [d_out, H] (H = d_in / 2 bytes, a multiple of 32), s and z [d_out, G] as bf16 bits, per group of
+        2^shift bytes."""
         H, G = codes.shape[1], s.shape[1]
         xb, X = xq[0, :2 * H], xq[3, :G]
         _round_bf16(x, xb)
         per = 2 * H // G
-        for g in range(G):                                  # each group's sum of inputs, for its zz
+        for g in range(G):                                  # each group's sum of inputs, for its z − 8s
             acc = np.float32(0.0)
             for k in range(g * per, g * per + per):
                 acc += xb[k]
             X[g] = acc
         units = H // 16
-        if units % 2 == 0:                                  # the integer loop reads two units at a time
-            qe, qo, xs = xq[1].view(np.int16)[:H], xq[2].view(np.int16)[:H], xq[3, G:G + units]
-            _on_int16_grid(xb, qe, qo, xs)
-            if threads == 1:
-                _int4_dots16(qe, qo, xs, X, codes, s, zz, shift - 4, y)
-            else:
-                _int4_dots16_parallel(qe, qo, xs, X, codes, s, zz, shift - 4, y, threads)
+        qe, qo, xs = xq[1].view(np.int16)[:H], xq[2].view(np.int16)[:H], xq[3, G:G + units]
+        _on_int16_grid(xb, qe, qo, xs)
+        if threads == 1:
+            _int4_dots(qe, qo, xs, X, codes, s, z, shift - 4, y)
         else:
-            xe, xo = xq[1, :H], xq[2, :H]
-            for j in range(H):
-                xe[j] = xb[2 * j]
-                xo[j] = xb[2 * j + 1] - F16 * xb[2 * j]
-            if threads == 1:
-                _int4_dots(xe, xo, X, codes, s, zz, shift, y)
-            else:
-                _int4_dots_parallel(xe, xo, X, codes, s, zz, shift, y, threads)
+            _int4_dots_parallel(qe, qo, xs, X, codes, s, z, shift - 4, y, threads)
         _round_bf16(y, y)
 
     def _product(m, x, y, threads, part, xq):
-        """y = x @ m for one stored matrix m: (W,) fp32 [d_in, d_out]; (codes, scales) int8; (codes, s, zz, shift)
-        int4 (see Plan)."""
+        """y = x @ m for one stored matrix m: (W,) fp32 [d_in, d_out]; (codes, scales) int8; (codes, s, z, shift)
+        int4 (see _matrix)."""
 
     def _width(m):
         """d_out of a stored matrix."""
@@ -522,6 +493,18 @@ if numba is not None:
         _add_norm(x, o, post_ffn_norm, eps, tmp)
 
     @njit(**JIT)
+    def _layers(x, layers, kv, pos, angles, rope_of, windows, shape, eps, scale, gelu, threads, buf, part, xq,
+                scores, m, l, o):
+        """Every layer in turn (_layer), in one call: the model's arguments come as one list, read in place.
+        angles [n_bases, 2, d_head] (cos, sin at pos per RoPE base), rope_of / windows [n_layer] per layer."""
+        for i in range(len(layers)):
+            (attn_norm, q_norm, k_norm, post_attn, qkv, out, ffn_norm, post_ffn, gate_up, down) = layers[i]
+            keys, values = kv[i]
+            cos, sin = angles[rope_of[i], 0], angles[rope_of[i], 1]
+            _layer(x, attn_norm, q_norm, k_norm, post_attn, qkv, out, ffn_norm, post_ffn, gate_up, down, keys,
+                   values, pos, cos, sin, windows[i], shape, eps, scale, gelu, threads, buf, part, xq, scores, m, l, o)
+
+    @njit(**JIT)
     def _head(x, norm_w, eps, head, logits, threads, part, xq, h):
         """The final norm, then the LM head: logits = norm(x) @ head.  # [d_model] -> [vocab]"""
         _rms_norm(x, norm_w, eps, h)
@@ -559,8 +542,8 @@ def _np(t: Tensor) -> np.ndarray:
 
 def _matrix(w) -> tuple | None:
     """A stored linear weight in the form the kernels read (views of its memory), or None when they cannot:
-    (W,) fp32 [d_in, d_out]; (codes [d_out, d_in], scales) int8; (codes [d_out, d_in / 2], s, zz, log2 of a
-    group's bytes) int4, s and zz bf16-rounded as torch's kernel stores them, zz = z − 8s."""
+    (W,) fp32 [d_in, d_out]; (codes [d_out, d_in], scales) int8; (codes [d_out, d_in / 2], s, z, log2 of a
+    group's bytes) int4, s and z the bits of the bf16 numbers torch's kernel multiplies with (kernel_scales)."""
     if isinstance(w, Tensor):
         return (_np(w),) if w.dtype == torch.float32 and w.is_contiguous() else None
     if not isinstance(w, QuantizedTensor) or w.kernel_bits is None or not w.codes.T.is_contiguous():
@@ -568,8 +551,10 @@ def _matrix(w) -> tuple | None:
     s, z = w.kernel_scales()
     if w.kernel_bits == 8:
         return _np(w.codes.T), _np(s.float())
-    s, z = s.float().T.contiguous(), z.float().T.contiguous()
-    return _np(w.codes.T), _np(s), _np(z - 8 * s), int(math.log2(w.group_size // 2))
+    if w.shape[0] % 64:                                     # the 4-bit loop reads 64 inputs at a time
+        return None
+    s, z = (_np(t.T.contiguous().view(torch.int16)).view(np.uint16) for t in (s, z))   # bf16 bits
+    return _np(w.codes.T), s, z, int(math.log2(w.group_size // 2))
 
 
 def _group(lins) -> tuple | None:
@@ -590,7 +575,10 @@ class Plan:
     """One model as the compiled step reads it: per layer the arguments of _layer that do not change between
     steps, the head and the buffers a step writes into. Built once per model (plan), no weight copied."""
 
-    layers: list[tuple]
+    layers: object                # numba.typed.List of each layer's weights (_layer's arguments), passed as one
+    bases: tuple[float, ...]      # the RoPE bases the layers use
+    rope_of: np.ndarray           # [n_layer] each layer's base, an index into bases
+    windows: np.ndarray           # [n_layer] each layer's attention window (0: none)
     head: tuple[str, object]      # _head_matrix of the model's own LM head
     output_norm: np.ndarray       # the final norm's weight
     table: np.ndarray | None      # the token table [vocab, d] when it is fp32 (a quantized one: None)
@@ -624,7 +612,10 @@ class Plan:
         if table is not None and table.dtype != np.float32:
             return "a weight format the compiled step does not read (fp32 and quantize_model's int8 / int4 run)"
         width = max(c.d_model, (c.n_head + 2 * c.n_kv_head) * c.d_head, 2 * c.d_ff)
-        return cls(layers, head, _np(w.output_norm.weight), table, width)
+        bases = tuple(sorted({c.theta(i) for i in range(c.n_layer)}))
+        rope_of = np.array([bases.index(c.theta(i)) for i in range(c.n_layer)], np.int64)
+        windows = np.array([c.window(i) or 0 for i in range(c.n_layer)], np.int64)
+        return cls(numba.typed.List(layers), bases, rope_of, windows, head, _np(w.output_norm.weight), table, width)
 
 
 _plans: dict[int, dict] = {}      # id(weights) -> {config: Plan or why not}
@@ -744,15 +735,15 @@ def _buffers_for(width: int, n: int, n_head: int, capacity: int, d_head: int) ->
 _cache_views: dict[int, tuple[list, list]] = {}     # id(KVCache) -> (its buffers, their numpy views)
 
 
-def _cache_arrays(cache: KVCache) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each layer's key and value buffers as numpy arrays, made once per cache (a tensor's .numpy() is four torch
-    operations, and a step would make sixty of them) and again only if its buffers were replaced."""
+def _cache_arrays(cache: KVCache):
+    """Each layer's key and value buffers as numpy arrays in a numba list, made once per cache (a tensor's .numpy() is
+    four torch operations, and a step would make sixty of them) and again only if its buffers were replaced."""
     tensors = [(lc.keys, lc.values) for lc in cache.layers]
     seen = _cache_views.get(id(cache))
     if seen is None or any(a is not b for pair, old in zip(tensors, seen[0]) for a, b in zip(pair, old)):
         if seen is None:
             weakref.finalize(cache, _cache_views.pop, id(cache), None)
-        seen = _cache_views[id(cache)] = (tensors, [(_np(k), _np(v)) for k, v in tensors])
+        seen = _cache_views[id(cache)] = (tensors, numba.typed.List([(_np(k), _np(v)) for k, v in tensors]))
     return seen[1]
 
 
@@ -793,16 +784,11 @@ def step(model: "Model", token: int, cache: KVCache, head: Tensor | None = None
     b = _buffers_for(max(p.width, c.vocab_size), n, c.n_head, cache.layers[0].capacity, c.d_head)   # the head's partial sums too
     x0 = _embedding_row(model, p, token)
     x = x0.copy()
-    angles = {theta: tuple(_np(a[0]) for a in rope_angles(torch.tensor([pos]), c.d_head, theta))
-              for theta in {c.theta(i) for i in range(c.n_layer)}}
-    shape = (c.n_head, c.n_kv_head, c.d_head, c.d_ff)
-    gelu = c.ffn == "geglu"
-    for i, (layer, (keys, values)) in enumerate(zip(p.layers, _cache_arrays(cache))):
-        cos, sin = angles[c.theta(i)]
-        (attn_norm, q_norm, k_norm, post_attn, qkv, out, ffn_norm, post_ffn, gate_up, down) = layer
-        _layer(x, attn_norm, q_norm, k_norm, post_attn, qkv, out, ffn_norm, post_ffn, gate_up, down,
-               keys, values, pos, cos, sin, c.window(i) or 0, shape, c.norm_eps, c.scale, gelu, n,
-               b.buf, b.part, b.xq, b.scores, b.block_max, b.block_sum, b.block_out)
+    angles = np.stack([np.stack([_np(a[0]) for a in rope_angles(torch.tensor([pos]), c.d_head, theta)])
+                       for theta in p.bases])                               # [n_bases, 2 (cos, sin), d_head]
+    _layers(x, p.layers, _cache_arrays(cache), pos, angles, p.rope_of, p.windows,
+            (c.n_head, c.n_kv_head, c.d_head, c.d_ff), c.norm_eps, c.scale, c.ffn == "geglu", n,
+            b.buf, b.part, b.xq, b.scores, b.block_max, b.block_sum, b.block_out)
     for lc in cache.layers:
         lc.length = pos + 1
     final = np.empty(c.d_model, np.float32)

@@ -205,7 +205,7 @@ class Loop:
     def _top(self, logits: Tensor) -> tuple[tuple[int, str, float], ...]:
         """The top_n tokens of the raw softmax at temperature 1.  # [vocab] -> top_n triples"""
         probs, ids = torch.softmax(logits, dim=-1).topk(self.top_n)
-        return tuple((int(i), self._piece(int(i)), float(p)) for p, i in zip(probs, ids))
+        return tuple((i, self._piece(i), p) for p, i in zip(probs.tolist(), ids.tolist()))
 
     def _piece(self, token_id: int) -> str:
         return self.model.tokenizer.pieces([token_id])[0]

@@ -10,6 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture
 def conftest(monkeypatch):
+    monkeypatch.delenv("LLMWALK_OTHER_CPU", raising=False)   # the kernel's environment is tests/test_platforms.py's
     spec = importlib.util.spec_from_file_location("notebooks_conftest", ROOT / "conftest.py")
     module = importlib.util.module_from_spec(spec)
     import nbval.kernel
