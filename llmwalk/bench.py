@@ -242,6 +242,7 @@ def bench_quantization(args: argparse.Namespace) -> None:
     """Decode speed and weight memory of every format (fp32, int8, int4, their LM head quantized too) against its
     roofline, transformers and llama.cpp."""
     from .quantize import model_weight_bytes
+    from .timings import weight_bytes_per_token
     model = benchmarked_model(args)
     variants = {name: make(model) for name, make in FORMATS.items()}
     ids = eval_ids(model, args.prompt_length)
@@ -271,20 +272,22 @@ def bench_quantization(args: argparse.Namespace) -> None:
     bandwidth = statistics.median(bandwidths)
     print(f"memory read bandwidth (a sum over a 256 MB tensor, fastest of 5, before each round; median of the "
           f"rounds, this run): {bandwidth / 1e9:.1f} GB/s (rounds: "
-          f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)}). roofline: the format's weight bytes / bandwidth, its "
-          "fastest possible decode (every weight read once per token); % roofline: how near the format gets.")
+          f"{', '.join(f'{b / 1e9:.1f}' for b in bandwidths)}). MB held: the weights in memory; MB read: what one "
+          "step reads (timings.weight_bytes_per_token: every weight once, quantized scales as the kernels read them, "
+          "in bf16); roofline: MB read / bandwidth, the fastest possible decode; % roofline: how near the format gets.")
     fp32 = median(times["llmwalk fp32"]).tokens_per_second
-    print(f"{'weights':33} {'MB':>7} {'decode tok/s':>12} {'x llmwalk fp32':>14} {'roofline tok/s':>14} "
-          f"{'% roofline':>10}")
+    print(f"{'weights':33} {'MB held':>7} {'MB read':>7} {'decode tok/s':>12} {'x llmwalk fp32':>14} "
+          f"{'roofline tok/s':>14} {'% roofline':>10}")
     for name, ts in times.items():
         tps = median(ts).tokens_per_second
         fmt = name.removesuffix(", torch ops")
         if fmt in variants:
-            nbytes = model_weight_bytes(variants[fmt])
-            limit = bandwidth / nbytes
-            print(f"{name:33} {nbytes / 1e6:7.1f} {tps:12.1f} {tps / fp32:13.2f}x {limit:14.1f} {tps / limit:10.0%}")
+            held, read = model_weight_bytes(variants[fmt]), weight_bytes_per_token(variants[fmt])
+            limit = bandwidth / read
+            print(f"{name:33} {held / 1e6:7.1f} {read / 1e6:7.1f} {tps:12.1f} {tps / fp32:13.2f}x {limit:14.1f} "
+                  f"{tps / limit:10.0%}")
         else:
-            print(f"{name:33} {'':7} {tps:12.1f} {tps / fp32:13.2f}x")
+            print(f"{name:33} {'':7} {'':7} {tps:12.1f} {tps / fp32:13.2f}x")
 
 
 def _timed(run: Callable[[], SpeculativeResult | Generation]) -> tuple[SpeculativeResult | Generation, float, float]:

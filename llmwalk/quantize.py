@@ -97,6 +97,15 @@ class QuantizedTensor(MatrixLike):
         """Storage actually held: codes, scales and zero points."""
         return sum(t.numel() * t.element_size() for _, t in tensors(self))
 
+    @property
+    def read_bytes(self) -> int:
+        """Bytes one product reads: the codes, and the scales (and shifts) as the kernel multiplies with them, in
+        bf16 (kernel_scales: torch's kernel and the compiled step read the same) where a kernel fits, else as stored.
+        For int4 in groups of 32 that is 0.625 bytes a weight, where nbytes holds 0.75 (fp32 scales and zeros)."""
+        if self.kernel_bits is None:
+            return self.nbytes
+        return self.codes.numel() + sum(t.numel() * 2 for t in self.kernel_scales() if t is not None)
+
     def int_codes(self) -> Tensor:
         """The integer codes, unpacked.  # -> [d_in, d_out] int8"""
         return _code_rows(self).T
@@ -269,6 +278,11 @@ class QuantizedTable:
     def nbytes(self) -> int:
         """Storage held: the quantized head's."""
         return self.head.nbytes
+
+    @property
+    def read_bytes(self) -> int:
+        """Bytes the LM head's product reads (QuantizedTensor.read_bytes)."""
+        return self.head.read_bytes
 
     @property
     def T(self) -> QuantizedTensor:

@@ -73,21 +73,22 @@ RESOLVED_SHARE = 0.1        # the time outside the matrix products is a differen
                             # of the step it is within the runs' noise, and nothing is computed from it
 
 
-def _stored_bytes(w) -> int:
-    """Bytes a weight holds: a tensor's, or a quantized matrix's codes, scales and zero points."""
-    return int(w.nbytes)
+def _read_bytes(w) -> int:
+    """Bytes a product reads of a weight: a tensor's, or a quantized matrix's codes and scales as its kernel reads
+    them (QuantizedTensor.read_bytes: bf16 scales, where the stored ones are fp32)."""
+    return int(getattr(w, "read_bytes", w.nbytes))
 
 
 def weight_bytes_per_token(model: Model) -> int:
-    """Bytes of weights one decoding step reads: every layer's matrices, biases and norms, the final norm and the
-    LM head once each, plus the one embedding row looked up (two with learned positions). A tied LM head is the
+    """Bytes of weights one decoding step reads: every layer's matrices (quantized ones as their kernels read them),
+    biases and norms, the final norm and the LM head once each, plus the one embedding row looked up (two with learned positions). A tied LM head is the
     token table: it is read in full by the head, so the looked-up row is counted once more (it is the same
     memory, read twice)."""
     w = model.weights
     layer = [x for b in w.blocks for x in vars(b).values() if x is not None]
     tensors = [p for x in layer + [w.output_norm] for p in (x.weight, x.bias) if p is not None] + [w.output]
     rows = [w.token_embd[0]] + ([w.position_embd[0]] if w.position_embd is not None else [])
-    return sum(map(_stored_bytes, tensors)) + sum(map(_stored_bytes, rows))
+    return sum(map(_read_bytes, tensors)) + sum(map(_read_bytes, rows))
 
 
 def _is_matmul(func) -> bool:

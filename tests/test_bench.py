@@ -106,13 +106,18 @@ def test_bench_quantization_table(run_bench):
     assert names == ["llmwalk fp32", "int8 layers", "int8 layers + head", "int4 g32 asym layers",
                      "int4 g32 asym + head", "llmwalk fp32, torch ops", "int4 g32 asym + head, torch ops",
                      "transformers fp32"]
-    assert table[0].split()[4] == "1.00x"                               # fp32 against itself
+    assert table[0].split()[5] == "1.00x"                               # fp32 against itself
     cols = {name: line[33:].split() for name, line in zip(names, table)}
     mb = {name: float(c[0]) for name, c in cols.items() if name != "transformers fp32"}
     assert mb["int4 g32 asym layers"] < mb["int8 layers"] < mb["llmwalk fp32"] == mb["llmwalk fp32, torch ops"]
+    read = {name: float(c[1]) for name, c in cols.items() if name in mb}
+    assert read["llmwalk fp32"] == pytest.approx(mb["llmwalk fp32"], abs=0.1)      # fp32: every weight, as held
+    # int4 g32 (nearly every weight, with its head): 0.5 byte a weight for the codes, and per 32 weights an fp32
+    # scale and zero held (8 bytes), read in bf16 (4 bytes): 0.625 of 0.75 bytes a weight
+    assert read["int4 g32 asym + head"] / mb["int4 g32 asym + head"] == pytest.approx(0.625 / 0.75, rel=0.01)
     gbps = float(re.search(r"bandwidth .*?: ([\d.]+) GB/s", "\n".join(out)).group(1))
-    for name, (size, tps, _, limit, share) in ((n, c) for n, c in cols.items() if n in mb):
-        # roofline = bandwidth / weight bytes, and % roofline = tok/s / roofline (to the printed rounding)
+    for name, (_, size, tps, _, limit, share) in ((n, c) for n, c in cols.items() if n in mb):
+        # roofline = bandwidth / bytes read, and % roofline = tok/s / roofline (to the printed rounding)
         assert float(limit) == pytest.approx(gbps * 1e3 / float(size), rel=0.06)
         assert float(share.rstrip("%")) == pytest.approx(100 * float(tps) / float(limit), abs=1.5, rel=0.02)
     assert len(cols["transformers fp32"]) == 2                          # tok/s and ratio: no weights of ours, no roofline

@@ -140,6 +140,15 @@ def test_quantized_memory_is_what_cost_predicts(smollm2, int8, int4_asym):
     assert model_weight_bytes(int4_asym) == weight_bytes(smollm2, "int4", 32, scale_bytes=4, zero_bytes=4)
 
 
+def test_a_step_reads_the_scales_as_the_kernels_do(smollm2, int8, int4_asym):
+    """Stored fp32, the scales (and int4's zero points) are read as bf16 by torch's kernels and the compiled step
+    (kernel_scales): a decoding step's bytes, and so its roofline, count 2 bytes each."""
+    fp32_rest = timings.weight_bytes_per_token(smollm2) - model_weight_bytes(smollm2)      # the row looked up
+    assert timings.weight_bytes_per_token(int8) == weight_bytes(smollm2, "int8", scale_bytes=2) + fp32_rest
+    assert timings.weight_bytes_per_token(int4_asym) == (
+        weight_bytes(smollm2, "int4", 32, scale_bytes=2, zero_bytes=2) + fp32_rest)
+
+
 def test_quantized_table_is_looked_up_and_multiplied(smollm2):
     qm = quantize_model(smollm2, 8, embeddings=True)
     assert qm.weights.output is qm.weights.token_embd                        # still tied: stored once
@@ -159,8 +168,9 @@ def test_quantized_table_indexed_by_one_id_gives_one_row_as_a_tensor_does(smollm
     assert qm.weights.token_embd[7].shape == table[7].shape == (smollm2.config.d_model,)
     assert torch.equal(qm.weights.token_embd[7], table[7])
     assert torch.equal(qm.weights.token_embd[torch.tensor([7, 9])], table[[7, 9]])
-    # a step reads every weight once plus the row it looks up (the tied table is the LM head)
-    assert timings.weight_bytes_per_token(qm) == model_weight_bytes(qm) + table[7].nbytes
+    # a step reads every weight once (scales as bf16) plus the row it looks up (the tied table is the LM head)
+    assert timings.weight_bytes_per_token(qm) == (weight_bytes(smollm2, "int8", scale_bytes=2, quantize_embeddings=True)
+                                                  + table[7].nbytes)
 
 
 def test_int8_weight_only_stays_close_to_fp32(smollm2, int8):
