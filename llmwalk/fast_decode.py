@@ -1,4 +1,4 @@
-"""Decoding's compiled step: one new token through the whole model in one call of machine code per layer.
+"""Decoding's compiled step: one new token through every layer of the model in one call of machine code.
 
 Generation runs one token at a time after the prompt, and a step then reads every weight once for a few
 multiply-adds each: memory, not arithmetic, should bound it. In torch a step is ~1,300–1,900 small operations,
