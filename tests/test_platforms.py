@@ -253,7 +253,8 @@ def windows_like(tmp_path_factory):
     env = dict(os.environ, PATH=str(tmp / "empty"), LLMWALK_CACHE=str(tmp / "model cache"),
                PIP_CONFIG_FILE=os.devnull, PIP_NO_INDEX="1",   # a step run by mistake fails at once, installs nothing
                LLMWALK_TORCH_CPU_INDEX="http://127.0.0.1:9/cpu")   # nothing answers: the registry's torch is planned
-    env.pop("LLMWALK_TORCH", None)
+    for name in ("LLMWALK_TORCH", "LLMWALK_WORKERS"):        # the plan is the default's, whatever this run set
+        env.pop(name, None)
     return repo, env
 
 
