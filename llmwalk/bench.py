@@ -24,9 +24,9 @@ from .generation import Generation, decoding_head, generate
 from .machine import cpu_line, memory_bandwidth, peak_rss_mb, reset_peak_rss
 from .models import DEFAULT_MODEL, REGISTRY, Model, cache_dir, load_model
 from .prompts import PROMPT, SPECULATIVE_PROMPTS
-from .quantize import quantize_model
+from .quantize import model_weight_bytes, quantize_model
 from .speculative import Draft, SpeculativeResult, draft_by_name, early_exit_model, speculative_generate
-from .timings import MEMORY_BOUND_SLACK, decode_profile, linear_kernel_times
+from .timings import MEMORY_BOUND_SLACK, decode_profile, linear_kernel_times, weight_bytes_per_token
 
 Run = Callable[[], tuple[float, list[float]]]    # () -> (seconds to the first token, seconds of each later token)
 
@@ -241,8 +241,6 @@ def bench_prefill(args: argparse.Namespace) -> None:
 def bench_quantization(args: argparse.Namespace) -> None:
     """Decode speed and weight memory of every format (fp32, int8, int4, their LM head quantized too) against its
     roofline, transformers and llama.cpp."""
-    from .quantize import model_weight_bytes
-    from .timings import weight_bytes_per_token
     model = benchmarked_model(args)
     variants = {name: make(model) for name, make in FORMATS.items()}
     ids = eval_ids(model, args.prompt_length)

@@ -732,7 +732,7 @@ def _buffers_for(width: int, n: int, n_head: int, capacity: int, d_head: int) ->
     return _buffers[key]
 
 
-_cache_views: dict[int, tuple[list, list]] = {}     # id(KVCache) -> (its buffers, their numpy views)
+_cache_views: dict[int, tuple[list, object]] = {}   # id(KVCache) -> (its buffers, their numpy views in a numba list)
 
 
 def _cache_arrays(cache: KVCache):

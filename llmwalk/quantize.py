@@ -104,7 +104,8 @@ class QuantizedTensor(MatrixLike):
         For int4 in groups of 32 that is 0.625 bytes a weight, where nbytes holds 0.75 (fp32 scales and zeros)."""
         if self.kernel_bits is None:
             return self.nbytes
-        return self.codes.numel() + sum(t.numel() * 2 for t in self.kernel_scales() if t is not None)
+        per_scale = 1 if self.kernel_bits == 8 else 2          # int4: a scale and a shift per group and column
+        return self.codes.numel() + 2 * per_scale * self.scales.numel()
 
     def int_codes(self) -> Tensor:
         """The integer codes, unpacked.  # -> [d_in, d_out] int8"""

@@ -81,9 +81,9 @@ def _read_bytes(w) -> int:
 
 def weight_bytes_per_token(model: Model) -> int:
     """Bytes of weights one decoding step reads: every layer's matrices (quantized ones as their kernels read them),
-    biases and norms, the final norm and the LM head once each, plus the one embedding row looked up (two with learned positions). A tied LM head is the
-    token table: it is read in full by the head, so the looked-up row is counted once more (it is the same
-    memory, read twice)."""
+    biases and norms, the final norm and the LM head once each, plus the one embedding row looked up (two with
+    learned positions). A tied LM head is the token table: it is read in full by the head, so the looked-up row is
+    counted once more (it is the same memory, read twice)."""
     w = model.weights
     layer = [x for b in w.blocks for x in vars(b).values() if x is not None]
     tensors = [p for x in layer + [w.output_norm] for p in (x.weight, x.bias) if p is not None] + [w.output]
