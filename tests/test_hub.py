@@ -109,7 +109,7 @@ c.JupyterHub.hub_bind_url = "http://127.0.0.1:{free_port()}"
 c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{free_port()}"
 c.ConfigurableHTTPProxy.command = [{proxy!r}]
 c.JupyterHub.services.append({{"name": "teacher", "api_token": {self.token!r}}})
-c.Spawner.args = {["--allow-root"] if os.getuid() == 0 else []!r}     # a test machine's root: the servers run as it
+c.Spawner.args = list(c.Spawner.args) + {["--allow-root"] if os.getuid() == 0 else []!r}   # a test machine's root
 c.JupyterHub.load_roles.append({{"name": "teacher", "services": ["teacher"],
                                  "scopes": ["admin:users", "admin:servers", "tokens", "access:servers"]}})
 """)
@@ -251,6 +251,8 @@ async def execute(ws, code: str, name: str) -> list:
         if not isinstance(raw, str):
             continue                                     # binary frames: widget buffers
         msg = json.loads(raw)
+        stopped = msg["msg_type"] == "status" and msg["content"].get("execution_state") in ("restarting", "dead")
+        assert not stopped, f"{name}'s kernel stopped ({msg['content']['execution_state']}) while running:\n{code}"
         if msg.get("parent_header", {}).get("msg_id") != msg_id or msg["channel"] != "iopub":
             continue
         kind = msg["msg_type"]
@@ -288,6 +290,12 @@ def sanitize(value):
         for regex, replace in SANITIZE:
             value = re.sub(regex, replace, value)
     return value
+
+
+def connection_file(cmdline: str) -> str:
+    """The kernel's connection file, from its command line (`... -f FILE`)."""
+    words = cmdline.split()
+    return words[words.index("-f") + 1]
 
 
 def compared(cell) -> bool:
@@ -329,6 +337,8 @@ def test_four_students_run_a_notebook_at_once_through_the_hub(tmp_path, read_onl
             assert int(Path(f"/proc/{pid}/personality").read_text(), 16) & class_kernel.ADDR_NO_RANDOMIZE, pid
             assert b"PYTHONHASHSEED=0" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"), pid
             assert class_kernel.merges(pid) or not Path(f"/proc/{pid}/ksm_stat").exists(), pid
+            connection = json.loads(Path(connection_file(running[pid])).read_text())   # no TCP port to collide on
+            assert connection["transport"] == "ipc" and len(connection["ip"]) < 100, connection
         print(f"\nthe class's memory (PSS, MB), {len(STUDENTS)} students having run {NOTEBOOK}:")
         for role, pids in (("hub, proxy, culler", [p for p in running if p not in kernels and "singleuser" not in
                                                    running[p]]),

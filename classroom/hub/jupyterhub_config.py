@@ -77,6 +77,14 @@ if os.environ.get("LLMWALK_KSM", "1") != "0" and ksm_available():
     (KSM / "pages_to_scan").write_text(os.environ.get("LLMWALK_KSM_PAGES_TO_SCAN", "1000"))
     (KSM / "run").write_text("1")
 c.Spawner.environment["JUPYTER_PATH"] = str(STATE / "jupyter")
+# Kernels talk to their server over Unix sockets (ZeroMQ's ipc transport), not over TCP ports on 127.0.0.1. Each
+# student's server picks its kernels' ports on its own, so two kernels started at the same moment can be handed the
+# same port; the one that loses cannot bind it, and jupyter_client restarts it on the same ports until it gives up
+# (tests/test_hub.py saw a student's kernel die so). A socket's path must stay under ~107 bytes, so the sockets live in
+# a short folder of the student's own in /tmp (private to the student: SystemdSpawner's isolate_tmp), not under a home
+# folder of any length.
+c.Spawner.args = ["--KernelManager.transport=ipc"]
+c.Spawner.environment["JUPYTER_RUNTIME_DIR"] = lambda spawner: f"/tmp/llmwalk-{spawner.user.name}"
 c.Spawner.http_timeout = 120                    # a first start on a busy server imports JupyterLab slowly
 c.Spawner.start_timeout = 120
 
