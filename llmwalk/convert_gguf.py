@@ -1,11 +1,13 @@
-"""GGUF files (the offline models are GGUF): the header checked before anything trusts it, the architecture read
-from the metadata, and every tensor dequantized into llmwalk's fp32 weights (once: `model_cache.py` keeps them).
+"""GGUF files (the offline models are GGUF): the header read and checked before anything trusts it, the architecture
+read from the metadata, and every tensor dequantized into llmwalk's fp32 weights (once: `model_cache.py` keeps them).
 """
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -16,29 +18,50 @@ from .model_cache import save_converted
 from .tokens import TokenizerMeta
 from .weights import Config
 
-# A GGUF file states every count and length it holds (metadata arrays, strings, tensors and their shapes), and
-# gguf's GGUFReader trusts them: an array claiming 10^12 elements in a 178-byte file loops forever. So the header
-# is walked once here first, and each claim is checked against the bytes the file still has and against a bound
-# no model llmwalk can run comes near, before GGUFReader (or a hash of the whole file) touches it.
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType
+
+# A GGUF file states every count and length it holds (metadata arrays, strings, tensors and their shapes), and a
+# reader that trusts them can be made to loop or to allocate without end (gguf's GGUFReader loops forever on an array
+# claiming 10^12 elements in a 178-byte file). So llmwalk reads the header itself, in one walk that checks each claim
+# against the bytes the file still has and against a bound no model llmwalk can run comes near. (It is also quicker:
+# GGUFReader makes a numpy view of every string of a vocabulary, ~13 s for Gemma-3's 262,144 tokens.)
 GGUF_MAX_ITEMS = 1 << 24        # entries of one array, keys, tensors (Gemma-3's vocabulary: 262,144 tokens)
 GGUF_MAX_PARAMS = 2 * 10**9     # llmwalk converts to fp32 in memory: 8 GB of weights
-_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}   # GGUFValueType -> size
+_GGUF_SCALARS = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "?", 10: "<u8", 11: "<i8",
+                 12: "<f8"}     # GGUFValueType -> numpy dtype
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_TYPED = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np.int8, "I16": np.int16,
+               "I32": np.int32, "I64": np.int64}    # tensor types stored as plain values; the others as blocks of bytes
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    name: str
+    tensor_type: "GGMLQuantizationType"
+    shape: tuple[int, ...]      # as GGUF lists it, the fastest-varying dimension first
+    data: np.ndarray            # a read-only view of the file: [.., shape[0]] values, or the quantized blocks' bytes
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    fields: dict                # metadata key -> a number, a string, a numpy array or a list of strings
+    tensors: list[GGUFTensor]
 
 
 class _GGUFHeader:
     """A cursor over a GGUF file's header that refuses any claim the file's remaining bytes cannot hold."""
 
     def __init__(self, path: Path, data):
-        self.path, self.data, self.pos = path, data, 0
+        self.path, self.data, self.pos, self.size = path, data, 0, len(data)
 
     def refuse(self, claim: str):
         raise CorruptModelFileError(f"{self.path} is not a readable GGUF file: {claim} (the file has "
-                                    f"{len(self.data)} bytes); it is damaged or not a model, re-download it")
+                                    f"{self.size} bytes); it is damaged or not a model, re-download it")
 
     def skip(self, n: int, what: str) -> int:
         """Move past `n` bytes; where they start."""
-        if n > len(self.data) - self.pos:
+        if n > self.size - self.pos:
             self.refuse(f"{what} claims {n} bytes at offset {self.pos}")
         self.pos += n
         return self.pos - n
@@ -52,36 +75,35 @@ class _GGUFHeader:
     def count(self, what: str, min_bytes: int) -> int:
         """A count of items that take at least `min_bytes` each."""
         n = self.uint(8, what)
-        if n > GGUF_MAX_ITEMS or n * min_bytes > len(self.data) - self.pos:
+        if n > GGUF_MAX_ITEMS or n * min_bytes > self.size - self.pos:
             self.refuse(f"{what} claims {n} items")
         return n
 
     def string(self, what: str) -> bytes:
         return self.take(self.uint(8, f"{what} (length)"), what)
 
-    def value(self, vtype: int, what: str, depth: int = 0) -> None:
-        size = _GGUF_SCALAR_BYTES.get(vtype)
-        if size:
-            self.skip(size, what)
-        elif vtype == _GGUF_STRING:
-            self.skip(self.uint(8, what), what)
-        elif vtype == _GGUF_ARRAY and depth < 2:
+    def value(self, vtype: int, what: str, depth: int = 0):
+        dtype = _GGUF_SCALARS.get(vtype)
+        if dtype:
+            return np.frombuffer(self.take(np.dtype(dtype).itemsize, what), dtype)[0].item()
+        if vtype == _GGUF_STRING:
+            return self.string(what).decode("utf-8", "replace")
+        if vtype == _GGUF_ARRAY and depth < 2:
             itype = self.uint(4, what)
-            size = _GGUF_SCALAR_BYTES.get(itype)
-            n = self.count(what, size or 8)             # a string or an array takes at least 8 bytes
-            if size:                                    # fixed-size elements: no need to walk them
-                self.skip(n * size, what)
-            else:
-                for _ in range(n):
-                    self.value(itype, what, depth + 1)
-        else:
-            self.refuse(f"{what} has value type {vtype} (nested {depth} deep), which GGUF models do not use")
+            dtype = _GGUF_SCALARS.get(itype)
+            n = self.count(what, np.dtype(dtype).itemsize if dtype else 8)   # a string or an array: >= 8 bytes
+            if dtype:                                   # fixed-size elements: one read
+                return np.frombuffer(self.take(n * np.dtype(dtype).itemsize, what), dtype)
+            return [self.value(itype, what, depth + 1) for _ in range(n)]
+        self.refuse(f"{what} has value type {vtype} (nested {depth} deep), which GGUF models do not use")
 
 
-def check_gguf(path: Path) -> None:
-    """CorruptModelFileError unless `path` is a GGUF file whose header claims only what its size can hold."""
+def read_gguf(path: Path) -> GGUFFile:
+    """The metadata and tensors of the GGUF file `path` (the tensors as views of the file), every claim of its header
+    checked first; CorruptModelFileError when it cannot be read, UnsupportedModelError when it is too large."""
     import mmap
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import quant_shape_to_byte_shape
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size < 24 or f.read(4) != b"GGUF":
             raise CorruptModelFileError(f"{path} is not a GGUF file (it does not start with the bytes 'GGUF'): "
@@ -93,45 +115,55 @@ def check_gguf(path: Path) -> None:
             if version not in (2, 3):
                 h.refuse(f"GGUF version {version} (llmwalk reads versions 2 and 3, little-endian)")
             n_tensors = h.count("the tensor count", 24)
+            fields = {}
             for _ in range(h.count("the metadata key count", 13)):
                 key = h.string("a metadata key").decode("utf-8", "replace")
-                h.value(h.uint(4, f"metadata {key!r}"), f"metadata {key!r}")
-            infos, params = [], 0
+                if key in fields:
+                    h.refuse(f"the metadata key {key!r} appears twice")
+                fields[key] = h.value(h.uint(4, f"metadata {key!r}"), f"metadata {key!r}")
+            infos = []
             for _ in range(n_tensors):
                 name = h.string("a tensor name").decode("utf-8", "replace")
                 n_dims = h.uint(4, f"tensor {name!r}")
                 if not 1 <= n_dims <= 4:
                     h.refuse(f"tensor {name!r} has {n_dims} dimensions (GGUF allows 1 to 4)")
-                dims = [h.uint(8, f"tensor {name!r}") for _ in range(n_dims)]
-                kind, offset = h.uint(4, f"tensor {name!r}"), h.uint(8, f"tensor {name!r}")
-                infos.append((name, dims, kind, offset))
-            for name, dims, kind, offset in infos:      # tensor data starts after the header
-                if kind not in set(GGMLQuantizationType):
-                    h.refuse(f"tensor {name!r} has an unknown type {kind}")
-                block, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-                n = math.prod(dims)
-                if dims[0] % block or offset + n // block * block_bytes > len(data) - h.pos:
-                    h.refuse(f"tensor {name!r} claims shape {dims} of {GGMLQuantizationType(kind).name} at "
-                             f"offset {offset}")
-                params += n
-            if params > GGUF_MAX_PARAMS:
-                raise UnsupportedModelError(f"{path} holds {params:,} parameters; llmwalk computes in fp32 in "
-                                            f"memory and loads models up to {GGUF_MAX_PARAMS:,}: pick a smaller model")
+                dims = tuple(h.uint(8, f"tensor {name!r}") for _ in range(n_dims))
+                infos.append((name, dims, h.uint(4, f"tensor {name!r}"), h.uint(8, f"tensor {name!r}")))
+            alignment = fields.get("general.alignment", 32)
+            if not isinstance(alignment, int) or not 1 <= alignment <= 1 << 16 or alignment & (alignment - 1):
+                h.refuse(f"general.alignment is {alignment!r} (a power of two is expected)")
+            start = -(-h.pos // alignment) * alignment          # tensor data starts after the header, aligned
+    file = np.memmap(path, dtype=np.uint8, mode="r")
+    tensors, params = [], 0
+    for name, dims, kind, offset in infos:
+        if kind not in set(GGMLQuantizationType):
+            h.refuse(f"tensor {name!r} has an unknown type {kind}")
+        if name in {t.name for t in tensors}:
+            h.refuse(f"tensor {name!r} appears twice")
+        kind = GGMLQuantizationType(kind)
+        block, block_bytes = GGML_QUANT_SIZES[kind]
+        n = math.prod(dims)
+        if dims[0] % block or start + offset + n // block * block_bytes > h.size:
+            h.refuse(f"tensor {name!r} claims shape {list(dims)} of {kind.name} at offset {offset}")
+        raw = file[start + offset:start + offset + n // block * block_bytes]
+        shape = tuple(reversed(dims))
+        data = (raw.view(_GGUF_TYPED[kind.name]).reshape(shape) if kind.name in _GGUF_TYPED
+                else raw.reshape(quant_shape_to_byte_shape(shape, kind)))
+        tensors.append(GGUFTensor(name, kind, dims, data))
+        params += n
+    if params > GGUF_MAX_PARAMS:
+        raise UnsupportedModelError(f"{path} holds {params:,} parameters; llmwalk computes in fp32 in "
+                                    f"memory and loads models up to {GGUF_MAX_PARAMS:,}: pick a smaller model")
+    return GGUFFile(fields, tensors)
 
 
-def read_gguf(path: Path):
-    """gguf's GGUFReader on `path`, once its header is checked; CorruptModelFileError when it cannot be read."""
-    import gguf
-    check_gguf(path)
-    try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:
-        raise CorruptModelFileError(f"{path} is not a readable GGUF file ({e}); re-download or reinstall it") from e
+def check_gguf(path: Path) -> None:
+    """CorruptModelFileError unless `path` is a GGUF file whose header claims only what its size can hold."""
+    read_gguf(path)
 
 
-def _gguf_field(reader, key, default=None):
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _gguf_field(reader: GGUFFile, key: str, default=None):
+    return reader.fields.get(key, default)
 
 
 def _reverse_permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -170,7 +202,7 @@ def gguf_config(reader, name: str, path: Path | None = None) -> Config:
                                     "the file is damaged, re-download it")
     d_head = int(g("attention.key_length", d_model // n_head))
     n_layer = int(g("block_count"))
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    vocab = len(reader.fields["tokenizer.ggml.tokens"])
     tied = not any(t.name == "output.weight" for t in reader.tensors)
     eos = _gguf_field(reader, "tokenizer.ggml.eos_token_id")
     common = dict(name=name, family=arch, n_layer=n_layer, n_head=n_head, n_kv_head=int(g("attention.head_count_kv", n_head)),
@@ -205,15 +237,22 @@ def convert(path: Path, name: str, out: Path, progress: bool) -> None:
             w = w.T                                                    # llmwalk computes x @ W: [d_in, d_out]
         flat[key if key in ("token_embd", "output") else f"{key}.weight"] = torch.from_numpy(np.ascontiguousarray(w))
     model = finish(config, weights_from_flat(flat, config, str(path)), None, str(path))
-    _save_gguf_tokenizer(path, name, out)
+    _save_gguf_tokenizer(path, name, config.family, out)
     save_converted(model, out)
 
 
-def _save_gguf_tokenizer(path: Path, name: str, out: Path) -> None:
+# The tokenizer class transformers' AutoTokenizer picks for a GGUF file of each architecture. AutoTokenizer finds it
+# by reading the model's config from the file, which for these architectures parses the whole file a second time
+# with gguf's GGUFReader (~14 s for Gemma-3's 262,144-token vocabulary); naming the class skips that second parse.
+# tests/test_tokens.py checks the class against the one AutoTokenizer picks.
+TOKENIZER_CLASS = {"llama": "TokenizersBackend", "gemma3": "GemmaTokenizer"}
+
+
+def _save_gguf_tokenizer(path: Path, name: str, family: str, out: Path) -> None:
     """Build the model's tokenizer from the vocabulary inside the GGUF file (via transformers, once)."""
-    from transformers import AutoTokenizer
+    import transformers
     try:
-        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        tok = getattr(transformers, TOKENIZER_CLASS[family]).from_pretrained(str(path.parent), gguf_file=path.name)
     except (KeyError, IndexError, ValueError) as e:     # e.g. KeyError('scores'), from deep in transformers
         raise CorruptModelFileError(f"{path}: transformers cannot build its tokenizer from the tokenizer.ggml.* "
                                     f"metadata ({type(e).__name__}: {e}): they are incomplete; re-download the file, "

@@ -7,7 +7,7 @@ import pytest
 
 import llmwalk as lw
 import oracle
-from llmwalk import tokens
+from llmwalk import convert_gguf, tokens
 from markers import needs_gemma
 
 TEXTS = ["The capital of France is Paris.", "法国的首都是什么", "人工智能 ChatGPT 巴黎 首都",
@@ -130,6 +130,16 @@ def test_gemma_tokenizer_equals_transformers(gemma, hf_gemma_tokenizer, text):
     ids = gemma.tokenizer.encode(text)
     assert gemma.tokenizer.decode(ids[1:]) == text                   # after <bos>
     assert "\ufffd" not in "".join(gemma.tokenizer.pieces(ids))
+
+
+def test_the_tokenizer_class_named_for_smollm2s_gguf_is_the_one_autotokenizer_picks(hf_smollm2_tokenizer):
+    """convert_gguf names the class rather than letting AutoTokenizer read the config (a second parse of the file)."""
+    assert type(hf_smollm2_tokenizer).__name__ == convert_gguf.TOKENIZER_CLASS["llama"]
+
+
+@needs_gemma
+def test_the_tokenizer_class_named_for_gemmas_gguf_is_the_one_autotokenizer_picks(hf_gemma_tokenizer):
+    assert type(hf_gemma_tokenizer).__name__ == convert_gguf.TOKENIZER_CLASS["gemma3"]
 
 
 def test_base_model_without_template_says_so(gpt2):
