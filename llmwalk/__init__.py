@@ -1,6 +1,6 @@
 """llmwalk: walk one prompt through a real language model, stage by stage."""
 from .embedding import apply_rope, position_embedding, rope_angles, token_embedding
-from .i18n import language, set_language
+from .i18n import language, quoted, set_language
 from .head import lm_head, logit_lens, softmax
 from .generation import Generation, Step, decoding_head, generate, generate_stream
 from .journey import Journey, journey, timed_forward
