@@ -38,7 +38,7 @@ _GGUF_TYPED = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I8": np
 @dataclass(frozen=True)
 class GGUFTensor:
     name: str
-    tensor_type: "GGMLQuantizationType"
+    tensor_type: GGMLQuantizationType
     shape: tuple[int, ...]      # as GGUF lists it, the fastest-varying dimension first
     data: np.ndarray            # a read-only view of the file: [.., shape[0]] values, or the quantized blocks' bytes
 
@@ -134,11 +134,11 @@ def read_gguf(path: Path) -> GGUFFile:
                 h.refuse(f"general.alignment is {alignment!r} (a power of two is expected)")
             start = -(-h.pos // alignment) * alignment          # tensor data starts after the header, aligned
     file = np.memmap(path, dtype=np.uint8, mode="r")
-    tensors, params = [], 0
+    tensors, params, known = [], 0, set(GGMLQuantizationType)
     for name, dims, kind, offset in infos:
-        if kind not in set(GGMLQuantizationType):
+        if kind not in known:
             h.refuse(f"tensor {name!r} has an unknown type {kind}")
-        if name in {t.name for t in tensors}:
+        if any(t.name == name for t in tensors):
             h.refuse(f"tensor {name!r} appears twice")
         kind = GGMLQuantizationType(kind)
         block, block_bytes = GGML_QUANT_SIZES[kind]
