@@ -13,8 +13,9 @@ with quantize_model's int8 / int4 weights. Everything else runs layers.py (the l
 are the readable path's, summed in another order: the quantized formats round the products' inputs and outputs to
 bf16 as torch's kernels do (tests/test_fast_decode.py compares the two step by step and token by token).
 
-numba compiles each function once per machine (cached on disk, like the converted models). Where numba is not
-installed, decoding runs fast.py's torch operations and says so once (`why_not`).
+numba compiles each function once per user and kind of CPU, kept in the user's own kernel folder (kernel_dir):
+a fresh clone loads it compiled. Where numba is not installed, decoding runs fast.py's torch operations and says
+so once (`why_not`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import weakref
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
@@ -42,6 +44,7 @@ try:
     from llvmlite import ir
     from numba import literal_unroll, njit, prange, types
     from numba.extending import intrinsic, overload
+    from numba.typed import List
 except ImportError:                      # the eager path runs instead (why_not says so)
     numba = None
 
@@ -52,12 +55,71 @@ NO_NUMBA = ("numba is not installed, so decoding runs torch's operations one by 
 
 # ---------------------------------------------------------------- the kernels (numba)
 
+def kernel_dir() -> Path:
+    """Where the compiled kernels are kept: the user's own cache folder (~/.cache/llmwalk/kernels; on Windows
+    %LOCALAPPDATA%\\llmwalk\\kernels), found from the account, not $HOME or $LLMWALK_CACHE, which a class server or a
+    test may point elsewhere. Machine code is never read from a folder another user could write (a shared model
+    cache is one): kept here only while the folder is the user's own (see _private)."""
+    if os.name == "nt":
+        return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / "llmwalk" / "kernels"
+    import pwd
+    try:
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:                                    # an account with no entry (a container's random uid)
+        home = os.path.expanduser("~")
+    return Path(home) / ".cache" / "llmwalk" / "kernels"
+
+
+def _private(folder: Path) -> bool:
+    """The folder belongs to this user and no one else may write to it, so no one else can put a file in it (a
+    folder put in its place by another user is theirs; on Windows a user's LOCALAPPDATA is private by default)."""
+    if os.name == "nt":
+        return True
+    st = folder.stat()
+    return st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
 if numba is not None:
+    from numba.core.caching import CompileResultCacheImpl, FunctionCache, _CacheLocator, _SourceFileBackedLocatorMixin
+
+    class _KernelLocator(_SourceFileBackedLocatorMixin, _CacheLocator):
+        """numba's cache of this file's kernels in kernel_dir(), not in the package's __pycache__: a fresh clone or a
+        reinstalled package loads them compiled (compiling every format takes ~80 s a CPU kind). numba checks each
+        entry against this file's contents and the CPU it was compiled for; elsewhere numba's own places are used."""
+
+        def __init__(self, py_func, py_file):
+            self._py_file, self._lineno = py_file, py_func.__code__.co_firstlineno
+            self._cache_path = kernel_dir()
+
+        def get_cache_path(self) -> str:
+            return str(self._cache_path)
+
+        def ensure_cache_path(self) -> None:
+            folder = self._cache_path
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not _private(folder):
+                raise PermissionError(f"{folder} may be written by other users")
+            super().ensure_cache_path()
+
+    class _KernelCacheImpl(CompileResultCacheImpl):
+        _locator_classes = [_KernelLocator, *CompileResultCacheImpl._locator_classes]
+
+    class _KernelCache(FunctionCache):
+        _impl_class = _KernelCacheImpl
+
     # fastmath lets a sum be reordered into vector lanes; infinities and NaN keep their meaning (no nnan / ninf).
     JIT = dict(cache=True, nogil=True, boundscheck=False, error_model="numpy",
                fastmath={"reassoc", "contract", "nsz", "arcp"})
 
-    @njit(**JIT)
+    def kernel(**options):
+        """numba's njit with JIT's options, its cache in kernel_dir() (_KernelLocator)."""
+        def compiled(f):
+            dispatcher = njit(**JIT, **options)(f)
+            dispatcher._cache = _KernelCache(f)
+            return dispatcher
+        return compiled
+
+    @kernel()
     def _round_bf16(x, out):
         """out = x rounded to the nearest bfloat16 (ties to even), as torch's x.bfloat16() does, kept in float32."""
         b, o = x.view(np.uint32), out.view(np.uint32)
@@ -65,7 +127,7 @@ if numba is not None:
             v = b[i]
             o[i] = (v + np.uint32(0x7FFF) + ((v >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
 
-    @njit(**JIT)
+    @kernel()
     def _rms_norm(x, w, eps, out):
         """out = x / sqrt(mean(x²) + eps) · w.  # [d] -> [d]"""
         ss = np.float32(0.0)
@@ -77,7 +139,7 @@ if numba is not None:
 
     # fp32 linears are stored [d_in, d_out]: y = Σ_k x_k · W[k], rows of W added up (each part of the rows in turn
     # on its own core, into its own partial sum).
-    @njit(**JIT)
+    @kernel()
     def _rows_added(x, W, y):
         K, N = W.shape
         for n in range(N):
@@ -87,7 +149,7 @@ if numba is not None:
             for n in range(N):
                 y[n] += xk * row[n]
 
-    @njit(parallel=True, **JIT)
+    @kernel(parallel=True)
     def _rows_added_parallel(x, W, part, parts):
         K = W.shape[0]
         step = (K + parts - 1) // parts
@@ -96,7 +158,7 @@ if numba is not None:
             b = min(K, a + step)
             _rows_added(x[a:b], W[a:b], part[p])
 
-    @njit(**JIT)
+    @kernel()
     def _fp32_product(W, x, y, threads, part):
         """y = x @ W for W [d_in, d_out].  # [d_in] -> [d_out]"""
         N = W.shape[1]
@@ -112,7 +174,7 @@ if numba is not None:
 
     # Output-major matrices (the LM head [vocab, d], quantized codes [d_out, d_in]): one dot product per output,
     # each core a block of outputs.
-    @njit(**JIT)
+    @kernel()
     def _dots(x, W, y):
         for n in range(W.shape[0]):
             row = W[n]
@@ -121,7 +183,7 @@ if numba is not None:
                 acc += x[k] * row[k]
             y[n] = acc
 
-    @njit(parallel=True, **JIT)
+    @kernel(parallel=True)
     def _dots_parallel(x, W, y, parts):
         N = W.shape[0]
         step = (N + parts - 1) // parts
@@ -130,7 +192,7 @@ if numba is not None:
             b = min(N, a + step)
             _dots(x, W[a:b], y[a:b])
 
-    @njit(**JIT)
+    @kernel()
     def _int8_dots(x, codes, scales, y):
         """y[n] = Σ_k x_k · codes[n, k] · scales[n]"""
         for n in range(codes.shape[0]):
@@ -140,7 +202,7 @@ if numba is not None:
                 acc += x[k] * np.float32(row[k])
             y[n] = acc * scales[n]
 
-    @njit(parallel=True, **JIT)
+    @kernel(parallel=True)
     def _int8_dots_parallel(x, codes, scales, y, parts):
         N = codes.shape[0]
         step = (N + parts - 1) // parts
@@ -228,7 +290,7 @@ if numba is not None:
             return builder.call(total, [ir.Constant(F32, 0.0), acc2], fastmath=("fast",))
         return types.float32(row, qe, qo, s, xs, shift), codegen
 
-    @njit(**JIT)
+    @kernel()
     def _int4_dots(qe, qo, xs, X, codes, s, z, shift, y):
         for n in range(codes.shape[0]):
             sn, zn = s[n], z[n]
@@ -237,7 +299,7 @@ if numba is not None:
                 shifted += (_bf16(zn[g]) - np.float32(8.0) * _bf16(sn[g])) * X[g]
             y[n] = _int4_dot16(codes[n], qe, qo, sn, xs, shift) + shifted
 
-    @njit(parallel=True, **JIT)
+    @kernel(parallel=True)
     def _int4_dots_parallel(qe, qo, xs, X, codes, s, z, shift, y, parts):
         N = codes.shape[0]
         step = (N + parts - 1) // parts
@@ -246,7 +308,7 @@ if numba is not None:
             b = min(N, a + step)
             _int4_dots(qe, qo, xs, X, codes[a:b], s[a:b], z[a:b], shift, y[a:b])
 
-    @njit(**JIT)
+    @kernel()
     def _on_int16_grid(xb, qe, qo, xs):
         """xb (bf16 values) as 16-bit integers times a power of two per unit of 32: |q| < 2^14, split into the even
         inputs qe and the odd ones qo (the low and high halves of each code byte)."""
@@ -261,7 +323,7 @@ if numba is not None:
                 qe[j] = np.int16(np.rint(xb[2 * j] * inverse))
                 qo[j] = np.int16(np.rint(xb[2 * j + 1] * inverse))
 
-    @njit(**JIT)
+    @kernel()
     def _int8_product(codes, scales, x, y, threads, xq):
         """y = x @ W as torch's int8 kernel computes it: x and y rounded to bf16.  # [d_in] -> [d_out]"""
         xb = xq[0, :x.shape[0]]
@@ -272,7 +334,7 @@ if numba is not None:
             _int8_dots_parallel(xb, codes, scales, y, threads)
         _round_bf16(y, y)
 
-    @njit(**JIT)
+    @kernel()
     def _int4_product(codes, s, z, shift, x, y, threads, xq):
         """y = x @ W as torch's int4 kernel computes it: x and y rounded to bf16.  # [d_in] -> [d_out]
 
@@ -318,11 +380,11 @@ if numba is not None:
             return lambda m: m[0].shape[1]
         return lambda m: m[0].shape[0]
 
-    @njit(**JIT)
+    @kernel()
     def _product_alone(m, x, y, threads, part, xq):
         _product(m, x, y, threads, part, xq)
 
-    @njit(**JIT)
+    @kernel()
     def _products(ms, x, y, threads, part, xq):
         """y = [x @ m for m in ms] side by side: one product for q/k/v (or gate/up) stored as one matrix, else one
         per matrix.  # [d_in] -> [Σ d_out]"""
@@ -332,7 +394,7 @@ if numba is not None:
             _product(m, x, y[off:off + n], threads, part, xq)
             off += n
 
-    @njit(**JIT)
+    @kernel()
     def _rope(v, cos, sin):
         """Rotate each (v_i, v_i+d/2) pair of every head by its angle (embedding.apply_rope).  # [n, d_head]"""
         half = v.shape[1] // 2
@@ -367,7 +429,7 @@ if numba is not None:
     # merged by rescaling to the largest m, which gives the softmax over all positions (as flash decoding does).
     BLOCKS = 16                                          # at most this many blocks of positions per key head
 
-    @njit(**JIT)
+    @kernel()
     def _attend_block(q, keys, values, g, group, lo, hi, scale, scores, m, l, o, b):
         """Query heads g·group … g·group + group − 1 over positions lo … hi − 1 of key head g: each head's m, l and
         o for block b."""
@@ -399,14 +461,14 @@ if numba is not None:
                 for d in range(vs.shape[0]):
                     oh[d] += w * vs[d]
 
-    @njit(parallel=True, **JIT)
+    @kernel(parallel=True)
     def _attend_blocks_parallel(q, keys, values, group, first, size, blocks, last, scale, scores, m, l, o):
         for task in prange(keys.shape[0] * blocks):
             g, b = task // blocks, task % blocks
             lo = first + b * size
             _attend_block(q, keys, values, g, group, lo, min(lo + size, last + 1), scale, scores, m, l, o, b)
 
-    @njit(**JIT)
+    @kernel()
     def _attend(q, keys, values, first, last, scale, z, scores, threads, m, l, o):
         """Every query head over its key head's cached positions first..last (GQA: a group of query heads shares
         one key head), softmax(q · k · scale) weighting the values.
@@ -437,7 +499,7 @@ if numba is not None:
             for d in range(z.shape[1]):
                 z[h, d] /= total
 
-    @njit(**JIT)
+    @kernel()
     def _add_norm(x, y, w, eps, tmp):
         """x += y, normalized first where the model has a norm there (Gemma's sandwich norms; w empty: none)."""
         if w.shape[0]:
@@ -446,7 +508,7 @@ if numba is not None:
         for i in range(x.shape[0]):
             x[i] += y[i]
 
-    @njit(**JIT)
+    @kernel()
     def _layer(x, attn_norm, q_norm, k_norm, post_attn_norm, qkv, attn_output, ffn_norm, post_ffn_norm,
                gate_up, down, keys, values, pos, cos, sin, window, shape, eps, scale, gelu, threads, buf, part, xq,
                scores, m, l, o):
@@ -492,7 +554,17 @@ if numba is not None:
         _products(down, a, o, threads, part, xq)
         _add_norm(x, o, post_ffn_norm, eps, tmp)
 
-    @njit(**JIT)
+    @kernel()
+    def _as_list(items):
+        """A tuple of like items (each layer's weights, each layer's cache) as a numba list, which _layers reads
+        in place. Built here, in a function cached on disk: numba.typed.List built from Python compiles its own
+        methods again in every process (~2 s of each notebook's first generate)."""
+        out = List()
+        for i in range(len(items)):
+            out.append(items[i])
+        return out
+
+    @kernel()
     def _layers(x, layers, kv, pos, angles, rope_of, windows, shape, eps, scale, gelu, threads, buf, part, xq,
                 scores, m, l, o):
         """Every layer in turn (_layer), in one call: the model's arguments come as one list, read in place.
@@ -504,13 +576,13 @@ if numba is not None:
             _layer(x, attn_norm, q_norm, k_norm, post_attn, qkv, out, ffn_norm, post_ffn, gate_up, down, keys,
                    values, pos, cos, sin, windows[i], shape, eps, scale, gelu, threads, buf, part, xq, scores, m, l, o)
 
-    @njit(**JIT)
+    @kernel()
     def _head(x, norm_w, eps, head, logits, threads, part, xq, h):
         """The final norm, then the LM head: logits = norm(x) @ head.  # [d_model] -> [vocab]"""
         _rms_norm(x, norm_w, eps, h)
         _product(head, h, logits, threads, part, xq)
 
-    @njit(**JIT)
+    @kernel()
     def _head_rows(x, norm_w, eps, table, logits, threads, h):
         """The final norm, then the LM head stored as the token table [vocab, d_model]: one dot product per token."""
         _rms_norm(x, norm_w, eps, h)
@@ -519,7 +591,7 @@ if numba is not None:
         else:
             _dots_parallel(h, table, logits, threads)
 
-    @njit(**JIT)
+    @kernel()
     def _int4_row(codes, scales, zeros, i, out):
         """Row i of a 4-bit table [vocab, d / 2] dequantized: s · (code − zero) per group, zeros [vocab, G] or empty
         (symmetric), as QuantizedTable's lookup computes it.  # -> [d]"""
@@ -575,7 +647,7 @@ class Plan:
     """One model as the compiled step reads it: per layer the arguments of _layer that do not change between
     steps, the head and the buffers a step writes into. Built once per model (plan), no weight copied."""
 
-    layers: object                # numba.typed.List of each layer's weights (_layer's arguments), passed as one
+    layers: object                # a numba list (_as_list) of each layer's weights (_layer's arguments), passed as one
     bases: tuple[float, ...]      # the RoPE bases the layers use
     rope_of: np.ndarray           # [n_layer] each layer's base, an index into bases
     windows: np.ndarray           # [n_layer] each layer's attention window (0: none)
@@ -615,7 +687,7 @@ class Plan:
         bases = tuple(sorted({c.theta(i) for i in range(c.n_layer)}))
         rope_of = np.array([bases.index(c.theta(i)) for i in range(c.n_layer)], np.int64)
         windows = np.array([c.window(i) or 0 for i in range(c.n_layer)], np.int64)
-        return cls(numba.typed.List(layers), bases, rope_of, windows, head, _np(w.output_norm.weight), table, width)
+        return cls(_as_list(tuple(layers)), bases, rope_of, windows, head, _np(w.output_norm.weight), table, width)
 
 
 _plans: dict[int, dict] = {}      # id(weights) -> {config: Plan or why not}
@@ -743,7 +815,7 @@ def _cache_arrays(cache: KVCache):
     if seen is None or any(a is not b for pair, old in zip(tensors, seen[0]) for a, b in zip(pair, old)):
         if seen is None:
             weakref.finalize(cache, _cache_views.pop, id(cache), None)
-        seen = _cache_views[id(cache)] = (tensors, numba.typed.List([(_np(k), _np(v)) for k, v in tensors]))
+        seen = _cache_views[id(cache)] = (tensors, _as_list(tuple((_np(k), _np(v)) for k, v in tensors)))
     return seen[1]
 
 

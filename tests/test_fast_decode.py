@@ -4,10 +4,12 @@ The step runs the same maths summed in another order, so it is compared step by 
 (forward with record=True: layers.py) on the same text (teacher forcing: both see the same tokens), within the
 rounding its format allows, and token for token where the readable model's choice is not a near tie.
 """
+import os
 import subprocess
 import sys
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -244,3 +246,40 @@ def test_the_plan_holds_views_of_the_weights_not_copies(smollm2):
     assert np.shares_memory(q[0], b0.attn_q.weight.numpy()) and np.shares_memory(down[0], b0.ffn_down.weight.numpy())
     assert np.shares_memory(attn_norm, b0.attn_norm.weight.numpy())
     assert np.shares_memory(plan.head[1], smollm2.weights.output.numpy())
+
+
+def test_a_fresh_copy_of_the_package_loads_the_kernels_compiled(smollm2, tmp_path):
+    """A fresh clone or a reinstalled package (the same fast_decode.py at another path, no __pycache__) finds every
+    kernel a generate needs in the user's kernel folder: numba loads them, it compiles none (each format takes tens
+    of seconds to compile), and writes nothing beside the copy."""
+    import shutil
+    lw.generate(smollm2, "The capital of France is", 2, stop_at_eos=False)           # compiled here, or loaded
+    copy = tmp_path / "another clone"
+    shutil.copytree(Path(fast_decode.__file__).parent, copy / "llmwalk", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import llmwalk as lw; from llmwalk import fast_decode as f\n"
+            "lw.generate(lw.load_model('smollm2-135m', progress=False), 'The capital of France is', 2, stop_at_eos=False)\n"
+            "print(f.__file__); print(f._layers.stats.cache_path)\n"
+            "print(sum(d.stats.cache_hits.total() for d in (f._layers, f._head_rows)))\n"
+            "print(sum(d.stats.cache_misses.total() for d in (f._layers, f._head_rows)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=copy,
+                         env={**os.environ, "PYTHONPATH": str(copy)}).stdout.split("\n")
+    assert Path(out[0]).is_relative_to(copy)                         # the copy ran, not this checkout
+    assert out[1] == str(fast_decode.kernel_dir())
+    assert int(out[2]) >= 2 and int(out[3]) == 0, out
+    assert not list(copy.rglob("*.nbi"))
+
+
+@pytest.mark.skipif(os.name == "nt", reason="Windows: a user's LOCALAPPDATA is private; no POSIX modes to check")
+@pytest.mark.parametrize("mode, used", [(0o700, True), (0o755, True), (0o775, False), (0o777, False)])
+def test_kernels_are_kept_only_in_a_folder_no_other_user_can_write(tmp_path, monkeypatch, mode, used):
+    """Machine code is read from the kernel folder only while it is the user's own: a folder others may write (a
+    class's shared cache, say) is not used, and numba keeps the kernels in its own places instead."""
+    folder = tmp_path / "kernels"
+    folder.mkdir()
+    folder.chmod(mode)
+    monkeypatch.setattr(fast_decode, "kernel_dir", lambda: folder)
+    locator = fast_decode._KernelLocator.from_function(fast_decode._layers.py_func, fast_decode.__file__)
+    assert (locator is not None) == used
+    if not used:
+        cache = fast_decode._KernelCache(fast_decode._layers.py_func)
+        assert cache.cache_path != str(folder)
