@@ -46,3 +46,26 @@ def hf_smollm2():
 @pytest.fixture(scope="session")
 def hf_gemma():
     return hf_from_gguf("gemma3-270m")
+
+
+@pytest.fixture(scope="session")
+def once_per_run(tmp_path_factory, testrun_uid, worker_id):
+    """(name, compute) -> compute(), made once in a test run and shared by its workers: the first to ask computes it
+    (the others wait) and pickles it into a folder of this run's. For a measurement two test files both need, in
+    the same language and thread count (both part of the name), e.g. a section's claims."""
+    import pickle
+
+    from filelock import FileLock
+    base = tmp_path_factory.getbasetemp()
+    folder = (base if worker_id == "master" else base.parent / f"shared-{testrun_uid}") / "once"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def once(name: str, compute):
+        path = folder / f"{name}-{lw.language()}-{torch.get_num_threads()}threads.pickle"
+        with FileLock(f"{path}.lock"):
+            if path.exists():
+                return pickle.loads(path.read_bytes())
+            value = compute()
+            path.write_bytes(pickle.dumps(value))
+            return value
+    return once

@@ -1,4 +1,5 @@
-"""The oracle (transformers' own model and tokenizer converted from a GGUF file), converted once per machine.
+"""The oracle (transformers' own model and tokenizer converted from a GGUF file, and what gguf's own GGUFReader
+reads from it), made once per machine.
 
 Converting a GGUF file with transformers takes minutes (Gemma-3: ~2 min for the model, ~1 min for the tokenizer) and
 each pytest-xdist worker used to do it again. Here the converted object is saved with `save_pretrained` into
@@ -50,6 +51,7 @@ class Kind:
     save: Callable[[Any, Path], None]         # (the object, a directory) -> None: save_pretrained
     load: Callable[[Path], Any]               # a save_pretrained directory -> the object (fast)
     same: Callable[[Any, Any], None]          # (converted, reloaded) -> None, or BadSave
+    versions: Callable[[], dict] = dict       # what else the object depends on besides the file and transformers
 
 
 def root() -> Path:
@@ -104,7 +106,7 @@ def _load(out: Path, key: dict, kind: Kind):
 
 def cached(name: str, gguf: Path, kind: Kind):
     """`kind.convert(gguf)`, made once and kept in root()/name; later calls load the saved copy."""
-    out, key = root() / name, source_key(gguf)
+    out, key = root() / name, {**source_key(gguf), **kind.versions()}
     obj = _load(out, key, kind)
     if obj is not None:
         return obj
@@ -231,8 +233,42 @@ def same_tokenizer(a, b) -> None:
         raise BadSave(f"reloaded tokenizer differs in {diff}")
 
 
+def reader_facts(gguf: Path) -> dict:
+    """What gguf's own GGUFReader reads from the file: every metadata value (its GGUF.* entries are its own
+    bookkeeping) and every tensor's name, type, shape, dtype and a sha256 of its bytes. GGUFReader takes ~15 s on
+    Gemma-3's file (a numpy view of every string of the vocabulary): worth keeping once per machine."""
+    import hashlib
+
+    import gguf as gguf_package
+    import numpy as np
+    ref = gguf_package.GGUFReader(str(gguf))
+    fields = {k: f.contents() for k, f in ref.fields.items() if not k.startswith("GGUF.")}
+    tensors = [[t.name, int(t.tensor_type), [int(n) for n in t.shape.tolist()], str(t.data.dtype),
+                list(t.data.shape), hashlib.sha256(np.ascontiguousarray(t.data).data).hexdigest()] for t in ref.tensors]
+    return {"fields": fields, "tensors": tensors}
+
+
+def save_facts(facts: dict, directory: Path) -> None:
+    (directory / "reader.json").write_text(json.dumps(facts, ensure_ascii=False), encoding="utf-8")
+
+
+def load_facts(directory: Path) -> dict:
+    return json.loads((directory / "reader.json").read_text(encoding="utf-8"))
+
+
+def same_facts(a: dict, b: dict) -> None:
+    if a != b:
+        raise BadSave("the reader's facts do not reload equal (a value JSON does not keep?)")
+
+
+def gguf_version() -> dict:
+    from importlib.metadata import version
+    return {"gguf": version("gguf")}
+
+
 MODEL = Kind(convert_model, save_model, load_model, same_model)
 TOKENIZER = Kind(convert_tokenizer, save_tokenizer, load_tokenizer, same_tokenizer)
+READER = Kind(reader_facts, save_facts, load_facts, same_facts, gguf_version)
 
 
 def hf_model(name: str):
@@ -243,6 +279,11 @@ def hf_model(name: str):
 def hf_tokenizer(name: str):
     """transformers' tokenizer of the registered model `name`, converted from its GGUF file (cached)."""
     return cached(f"{name}-tokenizer", REGISTRY[name].locate(cache_dir()), TOKENIZER)
+
+
+def gguf_reader(name: str) -> dict:
+    """reader_facts of the registered model `name`'s GGUF file (cached)."""
+    return cached(f"{name}-gguf-reader", REGISTRY[name].locate(cache_dir()), READER)
 
 
 def ffn_swap_probs(hf, target: list[int], source: list[int], tokens: list[int], layers, positions) -> list[float]:

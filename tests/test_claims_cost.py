@@ -21,8 +21,11 @@ pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
 @pytest.fixture(scope="module")
-def rows(smollm2):
-    return c8.claims(smollm2)
+def rows(smollm2, once_per_run):
+    return once_per_run(COST_CLAIMS, lambda: c8.claims(smollm2))      # tests/test_verdicts.py uses the same rows
+
+
+COST_CLAIMS = "section 8's claims on SmolLM2"
 
 
 def number(pattern: str, text: str) -> float:

@@ -23,10 +23,18 @@ from llmwalk.report import Verdict
 pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
 
 
+TEMPERATURE_STUDY = "section 6's temperature study on SmolLM2"
+
+
+def temperature_study(model):
+    """The study sampling.claims makes when it is given none."""
+    return sm.temperature_study(model, sm.CHAT_PROMPT, temperatures=sm.TEMPERATURES, seeds=sm.SEEDS,
+                                max_new_tokens=sm.STUDY_TOKENS)
+
+
 @pytest.fixture(scope="module")
-def runs(smollm2):
-    return sm.temperature_study(smollm2, sm.CHAT_PROMPT, temperatures=sm.TEMPERATURES, seeds=sm.SEEDS,
-                                      max_new_tokens=sm.STUDY_TOKENS)
+def runs(smollm2, once_per_run):
+    return once_per_run(TEMPERATURE_STUDY, lambda: temperature_study(smollm2))   # tests/test_verdicts.py uses it too
 
 
 @pytest.fixture(scope="module")

@@ -4,8 +4,6 @@ base, 0, 1, 2, … for the positions, no rotation at all — are each rejected o
 hint that names it. Also: order_check's position-only set-up (notebook 03 c20)."""
 import pytest
 import torch
-from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 import llmwalk as lw
 from llmwalk.claims import embedding
@@ -13,7 +11,10 @@ from llmwalk.exercises import check, solutions
 
 
 def _hf_rope(x, positions, base):
-    """transformers' Llama rotary embedding, the oracle: cos/sin from LlamaRotaryEmbedding, rotate_half applied."""
+    """transformers' Llama rotary embedding, the oracle: cos/sin from LlamaRotaryEmbedding, rotate_half applied.
+    (Imported here: nbgrader's kernels import this file for its WRONG list, and transformers takes them ~3 s.)"""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
     n_head, _, d = x.shape
     rotary = LlamaRotaryEmbedding(LlamaConfig(hidden_size=n_head * d, num_attention_heads=n_head, head_dim=d,
                                               rope_theta=float(base)))

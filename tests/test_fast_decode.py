@@ -257,12 +257,14 @@ def test_a_fresh_copy_of_the_package_loads_the_kernels_compiled(smollm2, tmp_pat
     copy = tmp_path / "another clone"
     shutil.copytree(Path(fast_decode.__file__).parent, copy / "llmwalk", ignore=shutil.ignore_patterns("__pycache__"))
     code = ("import llmwalk as lw; from llmwalk import fast_decode as f\n"
-            "lw.generate(lw.load_model('smollm2-135m', progress=False), 'The capital of France is', 2, stop_at_eos=False)\n"
+            "model = lw.load_model('smollm2-135m', progress=False)\n"
+            "lw.generate(model, 'The capital of France is', 2, stop_at_eos=False)\n"
             "print(f.__file__); print(f._layers.stats.cache_path)\n"
             "print(sum(d.stats.cache_hits.total() for d in (f._layers, f._head_rows)))\n"
             "print(sum(d.stats.cache_misses.total() for d in (f._layers, f._head_rows)))")
+    path = os.pathsep.join(filter(None, [str(copy), os.environ.get("PYTHONPATH")]))     # the offline guard kept
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=copy,
-                         env={**os.environ, "PYTHONPATH": str(copy)}).stdout.split("\n")
+                         env={**os.environ, "PYTHONPATH": path}).stdout.split("\n")
     assert Path(out[0]).is_relative_to(copy)                         # the copy ran, not this checkout
     assert out[1] == str(fast_decode.kernel_dir())
     assert int(out[2]) >= 2 and int(out[3]) == 0, out

@@ -12,6 +12,7 @@ import llmwalk as lw
 from llmwalk.checkpoint import UnsupportedModelError
 from llmwalk.convert_hf import HF_TYPES
 from llmwalk.model_cache import GGUF_DIGESTS
+import oracle
 from markers import needs_gemma
 
 TINY = dict(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, hidden_size=64, intermediate_size=96,
@@ -195,32 +196,34 @@ def test_unsupported_gguf_files_are_refused(tmp_path, monkeypatch, kwargs, match
             if p.is_dir() and p.name != GGUF_DIGESTS] == []
 
 
-def _read_alike(path) -> None:
-    """llmwalk's read_gguf gives what gguf's own GGUFReader gives: every metadata value, every tensor's type, shape
-    and bytes (GGUFReader's GGUF.* entries are its own bookkeeping, not metadata)."""
-    import gguf
+def _read_alike(path, ref: dict) -> None:
+    """llmwalk's read_gguf gives what gguf's own GGUFReader gives (`ref`: oracle.reader_facts): every metadata
+    value, every tensor's type, shape, dtype and bytes."""
+    import hashlib
+
     import numpy as np
 
     from llmwalk.convert_gguf import read_gguf
-    ours, ref = read_gguf(path), gguf.GGUFReader(str(path))
-    assert list(ours.fields) == [k for k in ref.fields if not k.startswith("GGUF.")]
+    ours = read_gguf(path)
+    assert list(ours.fields) == list(ref["fields"])
     for key in ours.fields:
-        mine, theirs = ours.fields[key], ref.fields[key].contents()
+        mine, theirs = ours.fields[key], ref["fields"][key]
         assert (np.array_equal(mine, theirs) if isinstance(mine, np.ndarray) else mine == theirs), key
-    assert [t.name for t in ours.tensors] == [t.name for t in ref.tensors]
-    for mine, theirs in zip(ours.tensors, ref.tensors):
-        assert (mine.tensor_type, mine.shape, mine.data.dtype) == (theirs.tensor_type, tuple(theirs.shape.tolist()),
-                                                                   theirs.data.dtype), mine.name
-        assert mine.data.shape == theirs.data.shape and np.array_equal(mine.data, theirs.data), mine.name
+    assert [t.name for t in ours.tensors] == [t[0] for t in ref["tensors"]]
+    for mine, (name, kind, shape, dtype, data_shape, sha) in zip(ours.tensors, ref["tensors"]):
+        assert (mine.tensor_type, list(mine.shape), str(mine.data.dtype)) == (kind, shape, dtype), name
+        assert list(mine.data.shape) == data_shape, name
+        assert hashlib.sha256(np.ascontiguousarray(mine.data).data).hexdigest() == sha, name
 
 
 def test_read_gguf_reads_the_tiny_file_as_gguf_does(tmp_path):
-    _read_alike(tiny_gguf(tmp_path / "tiny.gguf"))
+    path = tiny_gguf(tmp_path / "tiny.gguf")
+    _read_alike(path, oracle.reader_facts(path))
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", pytest.param("gemma3-270m", marks=needs_gemma)])
 def test_read_gguf_reads_the_shipped_files_as_gguf_does(name):
     """SmolLM2's file holds Q4_1, Q8_0 and F32 tensors, Gemma-3's Q4_K, Q5_0, Q6_K, Q8_0 and F32 ones, and
-    vocabularies of 49,152 and 262,144 tokens."""
+    vocabularies of 49,152 and 262,144 tokens. GGUFReader's reading is kept once per machine (tests/oracle.py)."""
     from llmwalk import models
-    _read_alike(models.REGISTRY[name].locate(models.cache_dir()))
+    _read_alike(models.REGISTRY[name].locate(models.cache_dir()), oracle.gguf_reader(name))

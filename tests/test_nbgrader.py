@@ -2,8 +2,9 @@
 nbgrader's generate_assignment writes the student version, autograde grades submissions and generate_feedback
 writes what a student gets back. The solutions score full marks; every wrong implementation in the exercises' tests
 scores 0 on its part, its verdict and hint in the feedback (student k submits the k-th wrong implementation of
-every exercise that has one and the solution of the others, so one autograde covers them all); the untouched
-student version scores 0 with no error in nbgrader's log. Every process (nbgrader, its kernels) has the offline
+every exercise that has one, so one autograde covers them all, and leaves the others as handed out; the last of them
+submits the solution of the others, which keeps its points beside wrong answers); the untouched student version
+scores 0 with no error in nbgrader's log. Every process (nbgrader, its kernels) has the offline
 guard on its PYTHONPATH and the course's per-cell time limit."""
 import html
 import json
@@ -90,7 +91,8 @@ def course(tmp_path_factory):
     submissions = {"solutions": answers, "stub": {}}
     for k in range(K):
         submissions[f"wrong{k}"] = {name: (f"from wrong_implementations import wrong\n{name} = wrong({name!r}, {k})"
-                                           if k < len(WRONG[name]) else answers[name]) for name in EXERCISES}
+                                           if k < len(WRONG[name]) else answers[name])
+                                    for name in EXERCISES if k < len(WRONG[name]) or k == K - 1}
     for student, replace in submissions.items():
         folder = course / "submitted" / student / ASSIGNMENT
         folder.mkdir(parents=True)
@@ -151,7 +153,8 @@ def test_each_wrong_implementation_scores_zero_on_its_part_with_its_verdict_in_t
     for name in EXERCISES:
         score, full = scores[f"test_{name}"]
         if k >= len(WRONG[name]):
-            assert score == full, (name, "the solution, submitted beside wrong answers, keeps its points")
+            kept = full if k == K - 1 else 0      # the solution beside wrong answers; a part left as handed out
+            assert score == kept, (name, k, score, kept)
             continue
         fn, case, word = WRONG[name][k]
         assert score == 0, (name, k, case)

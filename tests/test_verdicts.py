@@ -12,9 +12,13 @@ import math
 import pytest
 
 import llmwalk as lw
+from llmwalk.claims import cost as c8
 from llmwalk.claims import journey, lm_head
+from llmwalk.claims import sampling as sm
 from llmwalk.report import Verdict, verdict_rules
 from markers import needs_gemma
+from test_claims_cost import COST_CLAIMS
+from test_claims_sampling_loop import TEMPERATURE_STUDY, temperature_study
 
 HOLDS, ROUGHLY, DIFFERS, UNCHECKABLE = Verdict.HOLDS, Verdict.ROUGHLY, Verdict.DIFFERS, Verdict.UNCHECKABLE
 CLOSE, ROUGH = 1.10, 2.0           # the printed rule: within 10 %; within ×2
@@ -142,11 +146,19 @@ CRITERIA = {
 
 
 @pytest.fixture(scope="module")
-def every_claim(smollm2, gemma):
-    """Every section's claims as the notebooks make them (09's all_claims, 01's timed row, 05 without Gemma)."""
-    j = lw.journey(smollm2, journey.CONTINUE, max_new_tokens=journey.CONTINUE_TOKENS)
-    return (journey.one_second_claims(smollm2, j)[:1] + journey.all_claims(smollm2, gemma)
-            + [c for c in lm_head.claims(smollm2) if c.key == "lm_head.no_gemma"])
+def every_claim(smollm2, gemma, once_per_run):
+    """Every section's claims as the notebooks make them (09's all_claims, 01's timed row, 05 without Gemma).
+    Section 8's rows and section 6's temperature study are the ones tests/test_claims_cost.py and
+    tests/test_claims_sampling_loop.py measure in this run (the same calls: made once, by whichever file asks first)."""
+    cost_claims, sampling_claims = c8.claims, sm.claims
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(c8, "claims", lambda model: once_per_run(COST_CLAIMS, lambda: cost_claims(model))
+                      if model is smollm2 else cost_claims(model))
+        patch.setattr(sm, "claims", lambda model: sampling_claims(
+            model, once_per_run(TEMPERATURE_STUDY, lambda: temperature_study(model)) if model is smollm2 else None))
+        j = lw.journey(smollm2, journey.CONTINUE, max_new_tokens=journey.CONTINUE_TOKENS)
+        return (journey.one_second_claims(smollm2, j)[:1] + journey.all_claims(smollm2, gemma)
+                + [c for c in lm_head.claims(smollm2) if c.key == "lm_head.no_gemma"])
 
 
 def expected(claim) -> Verdict:
