@@ -178,6 +178,8 @@ def _pack4(rows: Tensor) -> Tensor:
 def _finite(w: Tensor, name: str) -> None:
     """A ValueError for a NaN or inf weight: it would set its group's scale (inf: every code NaN) or be
     rounded silently to 0 (NaN), and the model would run on."""
+    if w.sum().isfinite():                  # a NaN or inf weight makes the sum NaN or inf: one pass, nothing allocated
+        return
     if bad := (~w.isfinite()).nonzero()[:1].tolist():
         raise ValueError(f"{name} holds {int((~w.isfinite()).sum())} NaN/inf weights (the first at {tuple(bad[0])}):"
                          " they cannot be rounded to integer codes; fix or reload the weights before quantizing")

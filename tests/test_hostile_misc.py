@@ -23,7 +23,7 @@ from llmwalk.accuracy import perplexity  # noqa: E402
 from llmwalk.cost import (flops_by_stage, generation_flops, gpt2_config, n_params,  # noqa: E402
                           weight_bytes)
 from llmwalk.i18n import t  # noqa: E402
-from llmwalk.quantize import LINEARS, quantize_model, quantize_tensor  # noqa: E402
+from llmwalk.quantize import LINEARS, dequantize_tensor, quantize_model, quantize_tensor  # noqa: E402
 from llmwalk.sampling import greedy, sample  # noqa: E402
 from llmwalk.viz.tokens import MAX_CHIPS  # noqa: E402
 from llmwalk.viz.plot_widget import PlotWidget  # noqa: E402
@@ -190,12 +190,20 @@ def test_quantize_tensor_refuses_shapes_and_settings_it_cannot_round(w, kwargs, 
         quantize_tensor(w, **kwargs)
 
 
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
 def test_a_nan_or_inf_weight_is_refused_and_located(bad):
     w = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
     w[1, 0] = bad
     with pytest.raises(ValueError, match=r"1 NaN/inf weights \(the first at \(1, 0\)\)"):
         quantize_tensor(w)
+
+
+def test_finite_weights_whose_sum_overflows_are_quantized():
+    """The check sums the weights first (a NaN or inf makes the sum one too): finite weights whose sum overflows to
+    inf are then checked one by one, and accepted."""
+    w = torch.full((8, 2), 1e38)
+    assert not w.sum().isfinite()
+    assert dequantize_tensor(quantize_tensor(w)).isfinite().all()
 
 
 def test_quantize_model_names_the_matrix_with_a_nan_weight():
