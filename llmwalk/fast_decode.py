@@ -108,11 +108,11 @@ if numba is not None:
         _impl_class = _KernelCacheImpl
 
     # fastmath lets a sum be reordered into vector lanes; infinities and NaN keep their meaning (no nnan / ninf).
-    JIT = dict(cache=True, nogil=True, boundscheck=False, error_model="numpy",
-               fastmath={"reassoc", "contract", "nsz", "arcp"})
+    JIT = dict(nogil=True, boundscheck=False, error_model="numpy", fastmath={"reassoc", "contract", "nsz", "arcp"})
 
     def kernel(**options):
-        """numba's njit with JIT's options, its cache in kernel_dir() (_KernelLocator)."""
+        """numba's njit with JIT's options, cached on disk in kernel_dir() (_KernelLocator; njit's cache=True would
+        set up numba's own cache first, to be replaced)."""
         def compiled(f):
             dispatcher = njit(**JIT, **options)(f)
             dispatcher._cache = _KernelCache(f)
@@ -365,16 +365,15 @@ if numba is not None:
     def _width(m):
         """d_out of a stored matrix."""
 
-    OVERLOAD = {k: v for k, v in JIT.items() if k != "cache"}     # compiled into (and cached with) its callers
-
-    @overload(_product, jit_options=OVERLOAD)
+    # The overloads are compiled into (and cached with) the kernels that call them.
+    @overload(_product, jit_options=JIT)
     def _product_impl(m, x, y, threads, part, xq):
         kinds = {1: lambda m, x, y, threads, part, xq: _fp32_product(m[0], x, y, threads, part),
                  2: lambda m, x, y, threads, part, xq: _int8_product(m[0], m[1], x, y, threads, xq),
                  4: lambda m, x, y, threads, part, xq: _int4_product(m[0], m[1], m[2], m[3], x, y, threads, xq)}
         return kinds[len(m.types)]
 
-    @overload(_width, jit_options=OVERLOAD)
+    @overload(_width, jit_options=JIT)
     def _width_impl(m):
         if len(m.types) == 1:
             return lambda m: m[0].shape[1]
