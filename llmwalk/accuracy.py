@@ -112,16 +112,35 @@ def layer_weight_errors(model: "Model", other: "Model") -> list[dict]:
     return rows
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The fp32 model's next-token log-probabilities on a text, chunk by chunk: scored once, then compared with
+    any number of changed models (compare_to_reference)."""
+
+    model: "Model"
+    chunks: list[tuple[list[int], Tensor]]      # (ids, log-probabilities [len(ids), vocab]) per chunk
+
+
+def fp32_reference(model: "Model", text: str | None = None, chunk: int = 512) -> Reference:
+    """`model`'s log-probabilities on the text (the shipped one when None), in chunks of at most `chunk` tokens."""
+    return Reference(model, [(part, log_probs(model, part)) for part in _eval_chunks(model, text, chunk)])
+
+
 def compare_to_fp32(model: "Model", changed: "Model", text: str | None = None, chunk: int = 512) -> Comparison:
     """Memory, weight error, KL, top-1 agreement and perplexity of `changed` against the fp32 `model`."""
+    return compare_to_reference(fp32_reference(model, text, chunk), changed)
+
+
+def compare_to_reference(reference: Reference, changed: "Model") -> Comparison:
+    """compare_to_fp32 against a reference already scored: `changed` runs once per chunk, the fp32 model not at all."""
     kl, agree, nll_ref, nll = [], [], [], []
-    for part in _eval_chunks(model, text, chunk):
-        ref, out = log_probs(model, part), log_probs(changed, part)
+    for part, ref in reference.chunks:
+        out = log_probs(changed, part)
         kl.append(kl_divergence(ref, out))
         agree.append(top1_agreement(ref, out))
         nll_ref.append(token_nll(ref, part))
         nll.append(token_nll(out, part))
-    kl_all = torch.cat(kl)
+    kl_all, model = torch.cat(kl), reference.model
     return Comparison(model_weight_bytes(changed), model_weight_bytes(model), layer_weight_errors(model, changed),
                       float(kl_all.mean()), float(kl_all.max()), float(torch.cat(agree).float().mean()),
                       float(torch.cat(nll_ref).mean().exp()), float(torch.cat(nll).mean().exp()), len(kl_all))
@@ -167,10 +186,10 @@ def variant(model: "Model", name: str) -> tuple["Model", int]:
 
 def compare_formats(model: "Model", names: Sequence[str] = FORMATS, n_tokens: int = EVAL_TOKENS) -> dict[str, Comparison]:
     """compare_to_fp32 for each format, on the shipped text's first n_tokens tokens (weight_bytes: the format's)."""
-    text, out = model.tokenizer.decode(eval_ids(model, n_tokens)), {}
+    reference, out = fp32_reference(model, model.tokenizer.decode(eval_ids(model, n_tokens))), {}
     for name in names:
         changed, nbytes = variant(model, name)
-        out[name] = replace(compare_to_fp32(model, changed, text), weight_bytes=nbytes)
+        out[name] = replace(compare_to_reference(reference, changed), weight_bytes=nbytes)
     return out
 
 

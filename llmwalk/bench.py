@@ -323,7 +323,7 @@ def compare_speculative(target: Model, drafts: dict[str, Draft], prompts: dict[s
 
 def bench_speculative(args: argparse.Namespace) -> None:
     """Speculative decoding: acceptance, target passes per token and speed vs plain generate, per draft and k."""
-    from .accuracy import compare_to_fp32
+    from .accuracy import compare_to_reference, fp32_reference
     model = benchmarked_model(args)
     print(f"{model.config.name}, fp32, {args.new_tokens} new tokens (stopping at EOS), torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads. Speedup: plain seconds per token (generate with its KV cache) over "
@@ -331,8 +331,9 @@ def bench_speculative(args: argparse.Namespace) -> None:
           "text's first 1500 characters (top-1 agreement: about the greedy acceptance rate):")
     others = {"int8": quantize_model(model, 8), "int4 g32": quantize_model(model, 4, 32),
               **{f"first {n} layers": early_exit_model(model, n) for n in args.agreement_layers}}
+    reference = fp32_reference(model, eval_text()[:1500])
     for name, other in others.items():
-        c = compare_to_fp32(model, other, eval_text()[:1500])
+        c = compare_to_reference(reference, other)
         print(f"  {name:>16}: top-1 agreement {c.top1_agreement:.1%}, KL {c.kl_mean:.3g}, "
               f"perplexity {c.perplexity:.4g} (full model {c.perplexity_fp32:.4g})")
     drafts = {name: draft_by_name(model, name) for name in args.drafts}

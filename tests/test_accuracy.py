@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import llmwalk as lw
-from llmwalk.accuracy import (activation_outliers, compare_to_fp32, eval_text, kl_divergence, log_probs, perplexity,
-                              token_nll, top1_agreement)
+from llmwalk.accuracy import (activation_outliers, compare_formats, compare_to_fp32, eval_ids, eval_text, kl_divergence,
+                              log_probs, perplexity, token_nll, top1_agreement, variant)
 from llmwalk.quantize import dequantize_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")   # see conftest.py
@@ -65,6 +65,24 @@ def test_compare_to_fp32_matches_torch_on_a_bf16_copy(smollm2):
     assert c.perplexity == pytest.approx(float(F.cross_entropy(out[:-1], ids[1:]).exp()), rel=1e-5)
     w, w16 = smollm2.weights.blocks[3].ffn_up.weight, bf16.weights.blocks[3].ffn_up.weight
     assert c.weight_error[3]["max_abs_error"] >= float((w - w16).abs().max())
+
+
+def test_compare_formats_scores_fp32_once_and_each_format_as_compare_to_fp32_would(smollm2, monkeypatch):
+    """The fp32 reference is shared by the formats (one fp32 pass per chunk, not one per format); every row is still
+    what compare_to_fp32 gives for that format alone, and its bytes are the quantized format's."""
+    names, n = ("int8", "int4 g32 symmetric"), 40
+    passes = []
+    real = lw.accuracy.log_probs
+    monkeypatch.setattr(lw.accuracy, "log_probs", lambda model, ids: passes.append(model) or real(model, ids))
+    rows = compare_formats(smollm2, names, n_tokens=n)
+    assert sum(m is smollm2 for m in passes) == 1 and len(passes) == 1 + len(names)
+    monkeypatch.undo()
+    text = smollm2.tokenizer.decode(eval_ids(smollm2, n))
+    for name in names:
+        changed, nbytes = variant(smollm2, name)
+        alone = compare_to_fp32(smollm2, changed, text)
+        assert rows[name] == dataclasses.replace(alone, weight_bytes=nbytes) and nbytes < alone.weight_bytes
+    assert rows["int8"].kl_mean != rows["int4 g32 symmetric"].kl_mean
 
 
 def test_activation_outliers_are_max_over_median_of_each_recorded_input(smollm2):

@@ -6,11 +6,12 @@ that names the file and the fix. Writing the files by hand keeps every claimed c
 """
 import json
 import os
-import resource
 import shutil
+import signal
 import struct
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,29 +26,66 @@ ROOT = Path(__file__).resolve().parents[1]
 CAP = 3 << 30           # bytes of address space for the child (torch alone maps ~1 GB)
 TIMEOUT = 120           # seconds: only "it ends at all", the child reports its own time and peak memory
 
-CHILD = """
-import json, resource, sys, time
+# A server that imports llmwalk once and forks a child per load: each child starts from the same freshly imported
+# process (nothing loaded before it), is capped and timed, and reports; importing torch again for every file (~2.5 s
+# each, ~25 files) is what the fork saves.
+SERVER = """
+import json, os, resource, signal, sys, time
 import llmwalk as lw
-t = time.perf_counter()                 # the load alone: importing torch takes seconds on a loaded machine
-try:
-    lw.load_model(sys.argv[1], progress=False)
-    out = {"type": None, "msg": ""}
-except Exception as e:
-    out = {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "msg": str(e)}
-out.update(seconds=time.perf_counter() - t, peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-print(json.dumps(out))
+for line in sys.stdin:
+    request = json.loads(line)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        os.dup2(2, 1)                               # stdout is the server's replies: anything printed goes to stderr
+        resource.setrlimit(resource.RLIMIT_AS, (request["cap"], request["cap"]))
+        signal.alarm(request["timeout"])            # a load that hangs is killed, and the test says so
+        os.environ["LLMWALK_CACHE"] = request["cache"]
+        t = time.perf_counter()
+        try:
+            lw.load_model(request["path"], progress=False)
+            out = {"type": None, "msg": ""}
+        except Exception as e:
+            out = {"type": type(e).__name__, "mro": [c.__name__ for c in type(e).__mro__], "msg": str(e)}
+        out.update(seconds=time.perf_counter() - t, peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        with os.fdopen(write, "wb") as pipe:
+            pipe.write(json.dumps(out).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        said = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"status": status, "said": said}), flush=True)
 """
+_server: list = []       # (the server, the file its stderr goes to), once started
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _stop_server():
+    yield
+    for server, _ in _server:
+        server.stdin.close()
+        server.wait(timeout=30)
 
 
 def load_capped(path, cache) -> dict:
     """lw.load_model(path) in a child process under CAP and TIMEOUT: its exception type, message, time, peak RSS."""
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (CAP, CAP))
-    env = {**os.environ, "LLMWALK_CACHE": str(cache), "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=TIMEOUT, preexec_fn=limit)
-    assert done.returncode == 0, done.stderr[-2000:]
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if not _server:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+        stderr = tempfile.TemporaryFile()
+        _server.append((subprocess.Popen([sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=stderr, env=env, cwd=ROOT, text=True), stderr))
+    server, stderr = _server[0]
+    server.stdin.write(json.dumps({"path": str(path), "cache": str(cache), "cap": CAP, "timeout": TIMEOUT}) + "\n")
+    server.stdin.flush()
+    reply = json.loads(server.stdout.readline() or '{"status": "the server ended", "said": ""}')
+    if reply["status"] != 0 or not reply["said"]:
+        stderr.seek(0)
+        raise AssertionError(f"the capped load of {path} ended with wait status {reply['status']} (a signal's number "
+                             f"when killed: SIGALRM = {int(signal.SIGALRM)} is the timeout); the server's stderr:\n"
+                             + stderr.read().decode(errors="replace")[-2000:])
+    out = json.loads(reply["said"])
     print(f"{Path(path).name}: {out['type']} in {out['seconds']:.2f} s, peak {out['peak_mb']:.0f} MB")
     return out
 

@@ -13,7 +13,7 @@ from llmwalk.gguf_blocks import gguf_q4_1_blocks
 from llmwalk.layers import linear
 from llmwalk.models import REGISTRY, cache_dir
 from llmwalk import quantize, timings
-from llmwalk.accuracy import activation_outliers, compare_to_fp32, eval_text
+from llmwalk.accuracy import activation_outliers, compare_to_fp32, compare_to_reference, eval_text, fp32_reference
 from llmwalk.quantize_kernels import KERNELS
 from llmwalk.quantize import (LINEARS, QuantizedTensor, dequantize_model, dequantize_tensor, model_weight_bytes,
                               quantize_activations, quantize_model, quantize_tensor)
@@ -122,6 +122,17 @@ def test_gguf_q4_1_blocks_match_gguf_and_llmwalk(smollm2):
 
 
 @pytest.fixture(scope="module")
+def reference(smollm2):
+    """The fp32 model scored once on the shipped text's first 1500 characters, for every comparison below."""
+    return fp32_reference(smollm2, eval_text()[:1500])
+
+
+@pytest.fixture(scope="module")
+def int8_1500(reference, int8):
+    return compare_to_reference(reference, int8)
+
+
+@pytest.fixture(scope="module")
 def int8(smollm2):
     return quantize_model(smollm2, 8)
 
@@ -184,38 +195,36 @@ def test_int8_weight_only_stays_close_to_fp32(smollm2, int8):
         assert row["max_abs_error"] <= peak / 254 * (1 + 1e-5)
 
 
-def test_int4_g32_symmetric_has_a_visible_cost(smollm2, int8):
+def test_int4_g32_symmetric_has_a_visible_cost(smollm2, reference, int8_1500):
     """A 135M model loses a lot at 4 bits and next to nothing at 8: compared with each other, not with numbers
     copied from a run. (The shipped weights are Q4_1: symmetric int4 moves them off their own grid.)"""
-    c4 = compare_to_fp32(smollm2, quantize_model(smollm2, 4, 32), eval_text()[:1500])
-    c8 = compare_to_fp32(smollm2, int8, eval_text()[:1500])
+    c4, c8 = compare_to_reference(reference, quantize_model(smollm2, 4, 32)), int8_1500
     assert c4.kl_mean > 30 * c8.kl_mean and c4.top1_agreement < c8.top1_agreement
     assert c4.perplexity > 1.1 * c4.perplexity_fp32 and c8.perplexity < 1.01 * c8.perplexity_fp32
 
 
-def test_int4_g32_asymmetric_reproduces_the_q4_1_model(smollm2, int4_asym):
+def test_int4_g32_asymmetric_reproduces_the_q4_1_model(smollm2, reference, int4_asym):
     # The shipped weights were already Q4_1 (groups of 32 along d_in, w = d·q + min): asymmetric int4 in the
     # same groups puts each group's min and max on its end codes, so the grid is the same and nothing moves.
-    c = compare_to_fp32(smollm2, dequantize_model(int4_asym), eval_text()[:1500])
+    c = compare_to_reference(reference, dequantize_model(int4_asym))
     assert max(r["max_abs_error"] for r in c.weight_error) < 1e-5
     assert c.kl_mean < 1e-6 and c.top1_agreement == 1.0
     # torch's int4 kernel multiplies the same codes with bf16 activations: its only error is rounding its inputs
     # to bf16, which the whole-bf16 model does too (and to its weights, residuals and norms): so it is closer to
     # fp32 than that model is (measured 2026-12-02: KL 2.6e-4 vs 8.9e-4, top-1 98.5 % vs 96.9 %)
-    fast = compare_to_fp32(smollm2, int4_asym, eval_text()[:1500])
-    bf16 = compare_to_fp32(smollm2, dataclasses.replace(smollm2, weights=lw.to_dtype(smollm2.weights, torch.bfloat16)),
-                           eval_text()[:1500])
+    fast = compare_to_reference(reference, int4_asym)
+    bf16 = dataclasses.replace(smollm2, weights=lw.to_dtype(smollm2.weights, torch.bfloat16))
+    bf16 = compare_to_reference(reference, bf16)
     assert fast.kl_mean < bf16.kl_mean and fast.top1_agreement >= bf16.top1_agreement
 
 
-def test_bf16_weights_are_nearly_free(smollm2, int8):
+def test_bf16_weights_are_nearly_free(smollm2, reference, int8_1500):
     """bf16 keeps 8 significant bits: each weight moves by at most 2^-8 of itself (round to nearest). int8 per
     row moves a weight by up to max|row| / 254, several % of a typical one: bf16 weights must cost less than
     int8's (measured 2026-12-02: KL 6e-5 vs 3.9e-3)."""
     bf16 = dataclasses.replace(smollm2, weights=lw.to_dtype(smollm2.weights, torch.bfloat16))
     assert model_weight_bytes(bf16) == 2 * 134_515_008
-    c = compare_to_fp32(smollm2, dequantize_model(bf16), eval_text()[:1500])
-    c8 = compare_to_fp32(smollm2, int8, eval_text()[:1500])
+    c, c8 = compare_to_reference(reference, dequantize_model(bf16)), int8_1500
     for row, block in zip(c.weight_error, smollm2.weights.blocks):
         peak = max(float(getattr(block, n).weight.abs().max()) for n in LINEARS if getattr(block, n) is not None)
         assert row["max_abs_error"] <= 2 ** -8 * peak
