@@ -10,7 +10,7 @@ import llmwalk as lw
 import llmwalk.viz as viz
 from llmwalk.generation import generate
 from llmwalk.head import logit_lens
-from llmwalk.accuracy import compare_to_fp32, eval_text
+from llmwalk.accuracy import compare_to_reference, eval_text, fp32_reference
 from llmwalk.quantize import quantize_model
 from llmwalk.speculative import (Draft, EarlyExitDraft, ModelDraft, PromptLookupDraft, draw_token, early_exit_model,
                                  lookup, speculative_generate, verify)
@@ -150,14 +150,15 @@ def test_early_exit_rarely_agrees_with_the_full_model(smollm2, hf_smollm2, int8)
     is. The reference: transformers' own logit lens (its hidden state after layer n, its final norm and head)."""
     text = eval_text()[:500]
     ids = torch.tensor([smollm2.tokenizer.encode(text)])
-    int8_agreement = compare_to_fp32(smollm2, int8, text).top1_agreement
+    reference = fp32_reference(smollm2, text)          # the full model scored once, for each draft below
+    int8_agreement = compare_to_reference(reference, int8).top1_agreement
     with torch.no_grad():
         out = hf_smollm2(ids, output_hidden_states=True)
         final = out.logits[0].argmax(-1)
         for n in (6, 24):
             lens = hf_smollm2.lm_head(hf_smollm2.model.norm(out.hidden_states[n]))[0].argmax(-1)
             theirs = float((lens == final).float().mean())
-            ours = compare_to_fp32(smollm2, early_exit_model(smollm2, n), text).top1_agreement
+            ours = compare_to_reference(reference, early_exit_model(smollm2, n)).top1_agreement
             assert ours == pytest.approx(theirs, abs=1.5 / ids.shape[1])        # a near-tie may flip one token
             assert ours < int8_agreement
 
