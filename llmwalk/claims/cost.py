@@ -108,25 +108,14 @@ def small_loss(c: Comparison) -> bool:
 # ---------------------------------------------------------------- speculative decoding
 
 def speculative_run(model: "Model", prompt: str = "repeat", draft: Draft | None = None, k: int = SPEC_K,
-                    max_new_tokens: int = SPEC_TOKENS) -> tuple[SpeculativeResult, Generation]:
+                    max_new_tokens: int = SPEC_TOKENS, *, plain: Generation | None = None
+                    ) -> tuple[SpeculativeResult, Generation]:
     """Greedy speculative decoding of one of prompts.SPECULATIVE_PROMPTS (draft: prompt lookup unless given), and
-    plain greedy decoding of it."""
-    return _speculative(model, prompt, draft, k, max_new_tokens), _plain(model, prompt, max_new_tokens)
-
-
-def _prompt(model: "Model", prompt: str) -> tuple[str, bool]:
+    plain greedy decoding of it (`plain`: that decoding, already made by another run of the same prompt)."""
     text, chat = prompts.SPECULATIVE_PROMPTS[prompt]
-    return text, chat and bool(getattr(model.tokenizer, "chat_template", None))    # base models (GPT-2): no template
-
-
-def _speculative(model: "Model", prompt: str, draft: Draft | None, k: int, max_new_tokens: int) -> SpeculativeResult:
-    text, chat = _prompt(model, prompt)
-    return speculative_generate(model, draft or PromptLookupDraft(), text, k=k, max_new_tokens=max_new_tokens, chat=chat)
-
-
-def _plain(model: "Model", prompt: str, max_new_tokens: int) -> Generation:
-    text, chat = _prompt(model, prompt)
-    return generate(model, text, max_new_tokens=max_new_tokens, chat=chat)
+    chat = chat and bool(getattr(model.tokenizer, "chat_template", None))    # base models (GPT-2) have no template
+    spec = speculative_generate(model, draft or PromptLookupDraft(), text, k=k, max_new_tokens=max_new_tokens, chat=chat)
+    return spec, plain or generate(model, text, max_new_tokens=max_new_tokens, chat=chat)
 
 
 def speculative_runs(model: "Model") -> dict[str, tuple[SpeculativeResult, Generation]]:
@@ -136,10 +125,9 @@ def speculative_runs(model: "Model") -> dict[str, tuple[SpeculativeResult, Gener
     The int8 draft's weights are dequantized to fp32: its guesses are the int8 format's, the same on every CPU
     (torch's int8 kernel rounds differently on different CPUs, which changes a guess now and then)."""
     int8 = ModelDraft(dequantize_model(quantize_model(model, 8, embeddings=True)))
-    no_copy = _plain(model, "no copy", SPEC_TOKENS)
-    return {"repeat": speculative_run(model, "repeat"),
-            "no copy": (_speculative(model, "no copy", None, SPEC_K, SPEC_TOKENS), no_copy),
-            "int8 draft": (_speculative(model, "no copy", int8, SPEC_K, SPEC_TOKENS), no_copy)}
+    no_copy = speculative_run(model, "no copy")
+    return {"repeat": speculative_run(model, "repeat"), "no copy": no_copy,
+            "int8 draft": speculative_run(model, "no copy", int8, plain=no_copy[1])}
 
 
 def passes_per_token(spec: SpeculativeResult) -> float:
