@@ -407,7 +407,8 @@ if numba is not None:
     def _exp(typingctx, x):
         """e^x in float32 as a few multiply-adds (Cephes' expf: x = n·ln2 + r, e^r by its polynomial, 2^n put in the
         exponent bits), within about one unit in the last place of libm's, for x in [-87, 88]; the clamp below -87
-        gives about 1e-38 instead of 0. Unlike a call to libm, the loop that uses it runs 16 lanes at a time."""
+        gives about 1e-38 instead of 0, and NaN stays NaN (the clamp alone would turn it into e^-87: a NaN in the
+        cache would vanish from attention). Unlike a call to libm, the loop that uses it runs 16 lanes at a time."""
         def codegen(context, builder, signature, args):
             f = lambda v: ir.Constant(F32, v)                          # noqa: E731
             v = builder.call(_declare(builder.module, "llvm.maxnum.f32", F32, [F32, F32]), [args[0], f(-87.0)])
@@ -419,46 +420,133 @@ if numba is not None:
                 p = builder.fadd(builder.fmul(p, r), f(c))
             p = builder.fadd(builder.fadd(builder.fmul(builder.fmul(p, r), r), r), f(1.0))
             bits = builder.shl(builder.add(builder.fptosi(n, I32), ir.Constant(I32, 127)), ir.Constant(I32, 23))
-            return builder.fmul(p, builder.bitcast(bits, F32))
+            e = builder.fmul(p, builder.bitcast(bits, F32))
+            return builder.select(builder.fcmp_unordered("uno", args[0], args[0]), args[0], e)
         return types.float32(types.float32), codegen
 
     # Attention for one new token, split over (key head, block of positions) so that both cores share the work at
-    # any length and each key and value is read once for the query heads of its group (GQA). Each block keeps its
-    # own softmax — its largest score m, its sum l of e^(score − m), its weighted values o — and the blocks are
-    # merged by rescaling to the largest m, which gives the softmax over all positions (as flash decoding does).
+    # any length. Each block keeps its own softmax — its largest score m, its sum l of e^(score − m), its weighted
+    # values o — and the blocks are merged by rescaling to the largest m, which gives the softmax over all positions
+    # (as flash decoding does). Within a block the dot products and the weighted sum of values run on 64 of a head's
+    # numbers at a time, held in vector registers for the whole block (_dots64, _weighted_rows64): a loop over the
+    # numbers of one key would sum 16 lanes into one for every position, and one over the values would read and
+    # write the output for every position. The loops below index slices from 0: an index from lo may be negative to
+    # numba, which wraps it, and LLVM then leaves the loop (e^x above all) one number at a time.
+    WIDE = 64                                            # numbers of a head per call of the two below
+
+    def _row_pointer(builder, rows, j, d0):
+        """The address of rows[j, d0], as <16 x float>* (rows 2-D, its rows `stride` bytes apart)."""
+        stride = builder.extract_value(rows.strides, 0)
+        start = builder.bitcast(rows.data, I8.as_pointer())
+        at = builder.add(builder.mul(j, stride), builder.mul(d0, ir.Constant(I64, 4)))
+        return builder.bitcast(builder.gep(start, [at]), HF.as_pointer())
+
+    def _lanes(builder, pointer, c):
+        """The c-th 16 floats from a <16 x float>* (no alignment assumed)."""
+        return builder.load(builder.gep(pointer, [ir.Constant(I64, c)]), align=4)
+
+    @intrinsic
+    def _dots64(typingctx, q, rows, d0, out, add):
+        """out[j] = Σ_{d0 ≤ d < d0 + 64} q[d]·rows[j, d] for every row j (add: out[j] += it).
+        # q [d], rows [n, d], out [n]"""
+        def codegen(context, builder, signature, args):
+            qa, ra, oa = (context.make_array(signature.args[i])(context, builder, value=args[i]) for i in (0, 1, 3))
+            muladd = _declare(builder.module, "llvm.fmuladd.v16f32", HF, [HF, HF, HF])
+            total = _declare(builder.module, "llvm.vector.reduce.fadd.v16f32", F32, [F32, HF])
+            qp = builder.bitcast(builder.gep(qa.data, [args[2]]), HF.as_pointer())
+            qs = [_lanes(builder, qp, c) for c in range(WIDE // 16)]
+            n = builder.extract_value(oa.shape, 0)
+            entry = builder.block
+            loop, done = builder.append_basic_block("rows"), builder.append_basic_block("done")
+            builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 0)), loop, done)
+            builder.position_at_end(loop)
+            j = builder.phi(I64)
+            j.add_incoming(ir.Constant(I64, 0), entry)
+            kp = _row_pointer(builder, ra, j, args[2])
+            ks = [_lanes(builder, kp, c) for c in range(WIDE // 16)]
+            a = builder.call(muladd, [qs[2], ks[2], builder.fmul(qs[0], ks[0])])      # two chains, then one sum
+            b = builder.call(muladd, [qs[3], ks[3], builder.fmul(qs[1], ks[1])])
+            v = builder.call(total, [ir.Constant(F32, 0.0), builder.fadd(a, b)], fastmath=("fast",))
+            at = builder.gep(oa.data, [j])
+            builder.store(builder.select(args[4], builder.fadd(builder.load(at), v), v), at)
+            j2 = builder.add(j, ir.Constant(I64, 1))
+            j.add_incoming(j2, loop)
+            builder.cbranch(builder.icmp_signed("<", j2, n), loop, done)
+            builder.position_at_end(done)
+            return context.get_dummy_value()
+        return types.none(q, rows, d0, out, add), codegen
+
+    @intrinsic
+    def _weighted_rows64(typingctx, w, rows, d0, out):
+        """out[d0 : d0 + 64] = Σ_j w[j]·rows[j, d0 : d0 + 64], the rows added in order (one multiply-add each).
+        # w [n], rows [n, d], out [d]"""
+        def codegen(context, builder, signature, args):
+            wa, ra, oa = (context.make_array(signature.args[i])(context, builder, value=args[i]) for i in (0, 1, 3))
+            muladd = _declare(builder.module, "llvm.fmuladd.v16f32", HF, [HF, HF, HF])
+            n = builder.extract_value(wa.shape, 0)
+            zero = ir.Constant(HF, None)
+            entry = builder.block
+            loop, done = builder.append_basic_block("rows"), builder.append_basic_block("sums")
+            builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 0)), loop, done)
+            builder.position_at_end(loop)
+            j = builder.phi(I64)
+            j.add_incoming(ir.Constant(I64, 0), entry)
+            sums = [builder.phi(HF) for _ in range(WIDE // 16)]
+            wj = builder.load(builder.gep(wa.data, [j]))
+            splat = builder.shuffle_vector(builder.insert_element(ir.Constant(HF, ir.Undefined), wj, ir.Constant(I32, 0)),
+                                           ir.Constant(HF, ir.Undefined), ir.Constant(H32, [0] * 16))
+            vp = _row_pointer(builder, ra, j, args[2])
+            added = [builder.call(muladd, [splat, _lanes(builder, vp, c), acc]) for c, acc in enumerate(sums)]
+            j2 = builder.add(j, ir.Constant(I64, 1))
+            j.add_incoming(j2, loop)
+            for acc, value in zip(sums, added):
+                acc.add_incoming(zero, entry)
+                acc.add_incoming(value, loop)
+            builder.cbranch(builder.icmp_signed("<", j2, n), loop, done)
+            builder.position_at_end(done)
+            results = [builder.phi(HF) for _ in range(WIDE // 16)]
+            for result, value in zip(results, added):
+                result.add_incoming(zero, entry)
+                result.add_incoming(value, loop)
+            op = builder.bitcast(builder.gep(oa.data, [args[2]]), HF.as_pointer())
+            for c, result in enumerate(results):
+                builder.store(result, builder.gep(op, [ir.Constant(I64, c)]), align=4)
+            return context.get_dummy_value()
+        return types.none(w, rows, d0, out), codegen
+
     BLOCKS = 16                                          # at most this many blocks of positions per key head
 
     @kernel()
     def _attend_block(q, keys, values, g, group, lo, hi, scale, scores, m, l, o, b):
         """Query heads g·group … g·group + group − 1 over positions lo … hi − 1 of key head g: each head's m, l and
         o for block b."""
-        k_g, v_g = keys[g], values[g]
-        for s in range(lo, hi):
-            ks = k_g[s]
-            for i in range(group):
-                h = g * group + i
-                qh, acc = q[h], np.float32(0.0)
-                for d in range(ks.shape[0]):
-                    acc += qh[d] * ks[d]
-                scores[h, s] = acc * scale
+        ks, vs = keys[g, lo:hi], values[g, lo:hi]
+        d_head = ks.shape[1]
+        wide = d_head - d_head % WIDE                    # all of it in SmolLM2 and Gemma-3; the rest one by one
         for i in range(group):
             h = g * group + i
+            qh, w, oh = q[h], scores[h, lo:hi], o[h, b]
+            for d0 in range(0, wide, WIDE):
+                _dots64(qh, ks, d0, w, d0 > 0)
             top = np.float32(-np.inf)
-            for s in range(lo, hi):
-                top = max(top, scores[h, s])
+            for j in range(w.shape[0]):
+                acc = w[j] if wide else np.float32(0.0)
+                for d in range(wide, d_head):
+                    acc += qh[d] * ks[j, d]
+                w[j] = acc * scale
+                top = max(top, w[j])
             total = np.float32(0.0)
-            for s in range(lo, hi):
-                scores[h, s] = _exp(scores[h, s] - top)
-                total += scores[h, s]
+            for j in range(w.shape[0]):
+                e = _exp(w[j] - top)
+                w[j] = e
+                total += e
             m[h, b], l[h, b] = top, total
-            o[h, b, :] = 0.0
-        for s in range(lo, hi):
-            vs = v_g[s]
-            for i in range(group):
-                h = g * group + i
-                w, oh = scores[h, s], o[h, b]
-                for d in range(vs.shape[0]):
-                    oh[d] += w * vs[d]
+            for d0 in range(0, wide, WIDE):
+                _weighted_rows64(w, vs, d0, oh)
+            oh[wide:] = 0.0
+            for j in range(w.shape[0]):
+                for d in range(wide, d_head):
+                    oh[d] += w[j] * vs[j, d]
 
     @kernel(parallel=True)
     def _attend_blocks_parallel(q, keys, values, group, first, size, blocks, last, scale, scores, m, l, o):

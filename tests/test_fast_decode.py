@@ -103,6 +103,45 @@ def test_a_compiled_fp32_product_is_x_at_w(smollm2):
     torch.testing.assert_close(fast_decode.product(w, x), x @ w, atol=1e-4, rtol=1e-5)
 
 
+ATTENTION_SHAPES = [(9, 3, 64), (4, 1, 256), (4, 2, 8), (6, 2, 72)]    # SmolLM2, Gemma-3, and heads not of 64
+
+
+@pytest.mark.parametrize("n_head, n_kv_head, d_head", ATTENTION_SHAPES)
+@pytest.mark.parametrize("first, last", [(0, 0), (0, 40), (0, 700), (300, 700)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_over_the_cache_is_torchs_attention(n_head, n_kv_head, d_head, first, last, threads):
+    """One new token's attention over cached positions first..last (a window when first > 0), in one block or in
+    several (from 64 positions on), on one thread or split over two: F.scaled_dot_product_attention's, GQA's
+    groups of query heads sharing a key head."""
+    g = torch.Generator().manual_seed(n_head * d_head + last)
+    q = torch.randn(n_head, d_head, generator=g)
+    keys, values = (torch.randn(n_kv_head, 1024, d_head, generator=g) for _ in range(2))
+    z, scale = np.zeros((n_head, d_head), np.float32), d_head ** -0.5
+    fast_decode._attend(q.numpy(), keys.numpy(), values.numpy(), first, last, np.float32(scale), z,
+                        np.zeros((n_head, 1024), np.float32), threads, np.zeros((n_head, fast_decode.BLOCKS), np.float32),
+                        np.zeros((n_head, fast_decode.BLOCKS), np.float32),
+                        np.zeros((n_head, fast_decode.BLOCKS, d_head), np.float32))
+    group = n_head // n_kv_head
+    k, v = (t[:, first:last + 1].repeat_interleave(group, 0) for t in (keys, values))
+    expected = torch.nn.functional.scaled_dot_product_attention(q[:, None], k, v, scale=scale)[:, 0]
+    torch.testing.assert_close(torch.from_numpy(z), expected, atol=2e-6, rtol=1e-5)
+
+
+def test_a_nan_in_one_key_makes_its_groups_heads_nan_as_in_torch():
+    """A NaN in the cache (a hostile or broken model) spreads to the heads that read it, and to no other head."""
+    g = torch.Generator().manual_seed(0)
+    q, keys, values = torch.randn(9, 64, generator=g), torch.randn(3, 256, 64, generator=g), torch.randn(3, 256, 64, generator=g)
+    keys[1, 100, 5] = float("nan")
+    z = np.zeros((9, 64), np.float32)
+    fast_decode._attend(q.numpy(), keys.numpy(), values.numpy(), 0, 199, np.float32(0.125), z,
+                        np.zeros((9, 256), np.float32), 2, np.zeros((9, fast_decode.BLOCKS), np.float32),
+                        np.zeros((9, fast_decode.BLOCKS), np.float32), np.zeros((9, fast_decode.BLOCKS, 64), np.float32))
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q[:, None], *(t[:, :200].repeat_interleave(3, 0) for t in (keys, values)), scale=0.125)[:, 0]
+    assert torch.from_numpy(z)[3:6].isnan().all() and expected[3:6].isnan().all()
+    torch.testing.assert_close(torch.from_numpy(z)[[0, 1, 2, 6, 7, 8]], expected[[0, 1, 2, 6, 7, 8]], atol=2e-6, rtol=1e-5)
+
+
 def test_greedy_decoding_is_the_same_token_for_token(smollm2):
     """fp32: the compiled steps choose what torch's operations and the readable model choose, token for token."""
     g = lw.generate(smollm2, "The capital of France is", 48, stop_at_eos=False)
