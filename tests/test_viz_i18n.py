@@ -155,6 +155,23 @@ def test_widget_labels_and_figure_speak_chinese(walk, name):
         assert chinese_only(shown_texts(en.figure), shown_texts(zh.figure)), name
 
 
+@pytest.mark.parametrize("name", sorted(WIDGETS))
+def test_a_widgets_plain_text_names_its_controls_in_its_language(walk, name, monkeypatch):
+    """Where widgets do not run (a notebook viewer, a terminal) a reader sees the widget's text/plain: a sentence
+    naming its controls in the notebook's language, not ipywidgets' repr (`VBox(children=(… description='温度'`)."""
+    shown = []
+    monkeypatch.setattr("llmwalk.viz.plot_widget.display", lambda bundle, raw: shown.append((bundle, raw)))
+    for language in ("en", "zh"):
+        w = in_language(language, lambda: WIDGETS[name](walk))
+        w._ipython_display_()
+        bundle, raw = shown[-1]
+        assert raw and bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == w.box.model_id
+        text = bundle["text/plain"]
+        assert all(c.description in text for c in w.controls.values()), text
+        assert "VBox" not in text and "'" not in text and "JupyterLab" in text, text
+        assert bool(CJK.search(text)) == (language == "zh"), text
+
+
 def test_chinese_tables_and_widget_messages(walk):
     table = in_language("zh", lambda: viz.generation_table(walk["generation"].steps, walk["tok"],
                                                            walk["generation"].prompt_ids))

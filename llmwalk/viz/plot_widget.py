@@ -112,6 +112,10 @@ class PlotWidget:
                 control.style.description_width = "initial"      # the whole label ("temperature"), not "temperat…"
         self.box = W.VBox([W.HBox(list(controls.values()), layout=W.Layout(flex_flow="row wrap")), self.output,
                            *below])
+        # The widget's text/plain, what a reader sees where widgets do not run (a notebook viewer, a terminal): one
+        # sentence naming the controls in the notebook's language, not ipywidgets' repr of every child.
+        names = [c.description for c in controls.values() if getattr(c, "description", "")]
+        self.summary = t("viz.widgets.summary", controls=t("viz.widgets.separator").join(names))
         self.redraw()
 
     def _value_controls(self) -> dict[str, W.ValueWidget]:
@@ -161,7 +165,7 @@ class PlotWidget:
         self.output.outputs = ({"output_type": "display_data", "data": data, "metadata": {}},)
 
     def _ipython_display_(self) -> None:
-        display(self.box)
+        display({**self.box._repr_mimebundle_(), "text/plain": self.summary}, raw=True)
 
 
 def _no_surrogates(controls: dict[str, W.ValueWidget]) -> None:
