@@ -857,6 +857,8 @@ def can_step(model: "Model", t: int, cache: KVCache | None, head: Tensor | None,
     layer0 = cache.layers[0]
     if layer0.keys is None or layer0.keys.dtype != torch.float32 or cache.length >= layer0.capacity:
         return False
+    if layer0.keys.stride(-1) != 1 or layer0.values.stride(-1) != 1:     # attention reads a head's numbers in a row
+        return False
     p = plan(model)
     if isinstance(p, str):
         _say_once(p)

@@ -214,6 +214,25 @@ def test_a_full_cache_is_still_refused(smollm2):
         lw.forward(smollm2, [4], cache, record=False)
 
 
+def test_a_cache_whose_numbers_are_not_side_by_side_runs_torch(smollm2, monkeypatch):
+    """The compiled attention reads each key's and value's numbers as one row: a cache whose buffers are strided
+    views (here: every second number of a wider buffer) runs torch's step instead, with the same logits."""
+    ids = smollm2.tokenizer.encode(TEXT)[:10]
+    cache, plain = KVCache.empty(smollm2.config, 10), KVCache.empty(smollm2.config, 10)
+    for c in (cache, plain):
+        lw.forward(smollm2, ids[:9], c, record=False)
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            wide = torch.zeros(*getattr(layer, name).shape[:-1], 2 * getattr(layer, name).shape[-1])
+            wide[..., ::2] = getattr(layer, name)
+            setattr(layer, name, wide[..., ::2])
+    calls = compiled_calls(monkeypatch)
+    strided = lw.forward(smollm2, ids[9:], cache, record=False).logits
+    assert calls == []
+    monkeypatch.undo()
+    torch.testing.assert_close(strided, lw.forward(smollm2, ids[9:], plain, record=False).logits, atol=1e-4, rtol=1e-5)
+
+
 def test_one_thread_computes_the_same_step(smollm2):
     """With one torch thread the step runs its serial loops: the same logits, up to the order of a sum."""
     ids = smollm2.tokenizer.encode(TEXT)[:10]
