@@ -445,6 +445,24 @@ if numba is not None:
         """The c-th 16 floats from a <16 x float>* (no alignment assumed)."""
         return builder.load(builder.gep(pointer, [ir.Constant(I64, c)]), align=4)
 
+    def _row_loop(builder, n, after):
+        """Open `for j in range(n)` (skipped when n ≤ 0), the builder inside it: j and the entry, loop and `after`
+        blocks."""
+        entry = builder.block
+        loop, done = builder.append_basic_block("rows"), builder.append_basic_block(after)
+        builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 0)), loop, done)
+        builder.position_at_end(loop)
+        j = builder.phi(I64)
+        j.add_incoming(ir.Constant(I64, 0), entry)
+        return j, entry, loop, done
+
+    def _end_row_loop(builder, j, n, loop, done):
+        """Close the loop _row_loop opened (j + 1, back while below n), the builder after it."""
+        j2 = builder.add(j, ir.Constant(I64, 1))
+        j.add_incoming(j2, loop)
+        builder.cbranch(builder.icmp_signed("<", j2, n), loop, done)
+        builder.position_at_end(done)
+
     @intrinsic
     def _dots64(typingctx, q, rows, d0, out, add):
         """out[j] = Σ_{d0 ≤ d < d0 + 64} q[d]·rows[j, d] for every row j (add: out[j] += it).
@@ -456,12 +474,7 @@ if numba is not None:
             qp = builder.bitcast(builder.gep(qa.data, [args[2]]), HF.as_pointer())
             qs = [_lanes(builder, qp, c) for c in range(WIDE // 16)]
             n = builder.extract_value(oa.shape, 0)
-            entry = builder.block
-            loop, done = builder.append_basic_block("rows"), builder.append_basic_block("done")
-            builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 0)), loop, done)
-            builder.position_at_end(loop)
-            j = builder.phi(I64)
-            j.add_incoming(ir.Constant(I64, 0), entry)
+            j, _, loop, done = _row_loop(builder, n, "done")
             kp = _row_pointer(builder, ra, j, args[2])
             ks = [_lanes(builder, kp, c) for c in range(WIDE // 16)]
             a = builder.call(muladd, [qs[2], ks[2], builder.fmul(qs[0], ks[0])])      # two chains, then one sum
@@ -469,10 +482,7 @@ if numba is not None:
             v = builder.call(total, [ir.Constant(F32, 0.0), builder.fadd(a, b)], fastmath=("fast",))
             at = builder.gep(oa.data, [j])
             builder.store(builder.select(args[4], builder.fadd(builder.load(at), v), v), at)
-            j2 = builder.add(j, ir.Constant(I64, 1))
-            j.add_incoming(j2, loop)
-            builder.cbranch(builder.icmp_signed("<", j2, n), loop, done)
-            builder.position_at_end(done)
+            _end_row_loop(builder, j, n, loop, done)
             return context.get_dummy_value()
         return types.none(q, rows, d0, out, add), codegen
 
@@ -485,25 +495,17 @@ if numba is not None:
             muladd = _declare(builder.module, "llvm.fmuladd.v16f32", HF, [HF, HF, HF])
             n = builder.extract_value(wa.shape, 0)
             zero = ir.Constant(HF, None)
-            entry = builder.block
-            loop, done = builder.append_basic_block("rows"), builder.append_basic_block("sums")
-            builder.cbranch(builder.icmp_signed(">", n, ir.Constant(I64, 0)), loop, done)
-            builder.position_at_end(loop)
-            j = builder.phi(I64)
-            j.add_incoming(ir.Constant(I64, 0), entry)
+            j, entry, loop, done = _row_loop(builder, n, "sums")
             sums = [builder.phi(HF) for _ in range(WIDE // 16)]
             wj = builder.load(builder.gep(wa.data, [j]))
             splat = builder.shuffle_vector(builder.insert_element(ir.Constant(HF, ir.Undefined), wj, ir.Constant(I32, 0)),
                                            ir.Constant(HF, ir.Undefined), ir.Constant(H32, [0] * 16))
             vp = _row_pointer(builder, ra, j, args[2])
             added = [builder.call(muladd, [splat, _lanes(builder, vp, c), acc]) for c, acc in enumerate(sums)]
-            j2 = builder.add(j, ir.Constant(I64, 1))
-            j.add_incoming(j2, loop)
             for acc, value in zip(sums, added):
                 acc.add_incoming(zero, entry)
                 acc.add_incoming(value, loop)
-            builder.cbranch(builder.icmp_signed("<", j2, n), loop, done)
-            builder.position_at_end(done)
+            _end_row_loop(builder, j, n, loop, done)
             results = [builder.phi(HF) for _ in range(WIDE // 16)]
             for result, value in zip(results, added):
                 result.add_incoming(zero, entry)
